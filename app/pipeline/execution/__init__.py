@@ -1,0 +1,21 @@
+from app.pipeline.execution.checkpoint import Checkpoint, CheckpointManager
+from app.pipeline.execution.executor import BatchResult, ExecutionError, ForwardRecord, run
+from app.pipeline.execution.scheduler import Scheduler
+from app.pipeline.execution.settings import ExecutionSettings, get_execution_settings
+from app.pipeline.execution.state import ExecutionState, Task, TaskResult, TaskStatus
+
+__all__ = [
+    "BatchResult",
+    "Checkpoint",
+    "CheckpointManager",
+    "ExecutionError",
+    "ExecutionSettings",
+    "ExecutionState",
+    "ForwardRecord",
+    "Scheduler",
+    "Task",
+    "TaskResult",
+    "TaskStatus",
+    "get_execution_settings",
+    "run",
+]

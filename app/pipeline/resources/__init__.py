@@ -1,0 +1,37 @@
+"""Resources: endpoint configuration, LLM clients, rate limiting and the resource manager."""
+
+from app.pipeline.resources.client import (
+    LLMClient,
+    OpenAICompatibleClient,
+    create_client,
+    register_client_factory,
+)
+from app.pipeline.resources.config import EndpointConfig, ResourceConfig
+from app.pipeline.resources.errors import (
+    ConfigurationError,
+    RateLimitError,
+    ResourceError,
+    TransientError,
+)
+from app.pipeline.resources.manager import ResourceManager, ResourceMetrics
+from app.pipeline.resources.rate_limit import RateLimiter, RateLimiterStats
+from app.pipeline.resources.types import LLMRequest, LLMResponse
+
+__all__ = [
+    "ConfigurationError",
+    "EndpointConfig",
+    "LLMClient",
+    "LLMRequest",
+    "LLMResponse",
+    "OpenAICompatibleClient",
+    "RateLimitError",
+    "RateLimiter",
+    "RateLimiterStats",
+    "ResourceConfig",
+    "ResourceError",
+    "ResourceManager",
+    "ResourceMetrics",
+    "TransientError",
+    "create_client",
+    "register_client_factory",
+]

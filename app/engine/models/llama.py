@@ -1,0 +1,157 @@
+"""Llama family (GQA, RoPE with theta/scaling, RMSNorm, SwiGLU, optional tied head) on the paged KV cache.
+
+Projections are fused (q|k|v and gate|up) so a step does two big matmuls instead of five small ones; the
+loader concatenates the separate HF tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from app.engine.attention import AttentionMetadata, paged_attention
+from app.engine.config import ModelConfig
+from app.engine.models.base import PagedCausalLM, take
+from app.engine.models.layers import RMSNorm, apply_rope, rope_cos_sin
+
+# Checkpoint entries that are buffers, not weights.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        return self.o_proj(paged_attention(q, k, v, kv_cache, attn, self.scale))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(PagedCausalLM):
+    def __init__(self, config: ModelConfig) -> None:
+        if config.architecture != "llama":
+            raise ValueError(f"LlamaForCausalLM needs a llama config, got {config.architecture!r}")
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head: nn.Parameter | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
+        self.register_buffer("inv_freq", config.rope_inv_freq(), persistent=False)
+        self.requires_grad_(False)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
+
+    @torch.inference_mode()
+    def forward(  # type: ignore[override]
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``[T, hidden]`` for a flat batch; writes the new K/V into the bound cache."""
+        self._check_inputs(input_ids, positions, attn)
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # shared by all layers
+        for layer, cache in zip(self.layers, self.kv_caches, strict=True):
+            x = layer(x, cos, sin, cache, attn)
+        return self.norm(x)
+
+    def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load HF ``LlamaForCausalLM`` weights (names with or without the ``model.`` prefix)."""
+        src = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
+        used: set[str] = set()
+
+        def get(name: str) -> torch.Tensor:
+            used.add(name)
+            return take(src, name)
+
+        ours: dict[str, torch.Tensor] = {
+            "embed_tokens.weight": get("embed_tokens.weight"),
+            "norm.weight": get("norm.weight"),
+        }
+        if self.lm_head is not None:
+            ours["lm_head"] = get("lm_head.weight")
+        else:
+            used.add("lm_head.weight")  # a tied checkpoint may still carry a copy; the embedding wins
+        bias = self.config.attention_bias
+        for i in range(self.config.num_layers):
+            p = f"layers.{i}."
+            ours[p + "input_layernorm.weight"] = get(p + "input_layernorm.weight")
+            ours[p + "post_attention_layernorm.weight"] = get(p + "post_attention_layernorm.weight")
+            ours[p + "self_attn.qkv_proj.weight"] = torch.cat(
+                [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0
+            )
+            ours[p + "self_attn.o_proj.weight"] = get(p + "self_attn.o_proj.weight")
+            if bias:
+                ours[p + "self_attn.qkv_proj.bias"] = torch.cat(
+                    [get(p + f"self_attn.{n}_proj.bias") for n in "qkv"], dim=0
+                )
+                ours[p + "self_attn.o_proj.bias"] = get(p + "self_attn.o_proj.bias")
+            ours[p + "mlp.gate_up_proj.weight"] = torch.cat(
+                [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], dim=0
+            )
+            ours[p + "mlp.down_proj.weight"] = get(p + "mlp.down_proj.weight")
+            if self.config.mlp_bias:
+                ours[p + "mlp.gate_up_proj.bias"] = torch.cat(
+                    [get(p + "mlp.gate_proj.bias"), get(p + "mlp.up_proj.bias")], dim=0
+                )
+                ours[p + "mlp.down_proj.bias"] = get(p + "mlp.down_proj.bias")
+        unexpected = sorted(set(src) - used)
+        if unexpected:
+            raise ValueError(f"checkpoint has tensors this Llama config does not use: {unexpected[:8]}")
+        self._assign(ours)

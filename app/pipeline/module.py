@@ -1,0 +1,428 @@
+"""Modules: the PyTorch-like building blocks of a pipeline.
+
+A module registers child modules and Parameters as attributes, like ``torch.nn.Module``. Calling one:
+inside a trace records a node; with resources (``bind`` or ``ExecutionSettings``) returns an awaitable that
+traces and runs it (or an async iterator of ``BatchResult`` when streaming); otherwise runs ``forward``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Self
+
+from app.pipeline.parameter import Parameter
+from app.pipeline.tracing.context import get_active_tracer
+from app.pipeline.values import ValueKind
+
+if TYPE_CHECKING:
+    from app.pipeline.optimization.types import BackwardContext, BackwardResult
+
+
+class Module:
+    """Base class of every pipeline component. Subclasses define ``forward``."""
+
+    #: a composite is traced through; a leaf is recorded as one node. None: leaf iff it has no child modules.
+    is_leaf: bool | None = None
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_name", None)
+        object.__setattr__(self, "_parent", None)
+        object.__setattr__(self, "_bound_resources", None)
+        object.__setattr__(self, "_bound_settings", {})
+        object.__setattr__(self, "_module_state_version", 0)
+        object.__setattr__(self, "training", False)
+
+    def _ensure_init(self) -> None:
+        if "_modules" not in self.__dict__:
+            raise RuntimeError(
+                f"{type(self).__name__}.__init__ must call super().__init__() before assigning attributes"
+            )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, Module | Parameter):
+            self._ensure_init()
+            self._modules.pop(name, None)
+            self._parameters.pop(name, None)
+            if isinstance(value, Module):
+                self._modules[name] = value
+            else:
+                self._parameters[name] = value
+            # object.__setattr__: going through Module.__setattr__ would register the parent as a child
+            object.__setattr__(value, "_name", name)
+            object.__setattr__(value, "_parent", self)
+        elif "_modules" in self.__dict__:
+            self._modules.pop(name, None)
+            self._parameters.pop(name, None)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._modules.pop(name, None)
+        self._parameters.pop(name, None)
+        object.__delattr__(self, name)
+
+    # -- the tree -------------------------------------------------------------------------------------------
+    def _path(self) -> str:
+        parts: list[str] = []
+        node: Module | None = self
+        while node is not None and node._parent is not None:
+            parts.append(str(node._name))
+            node = node._parent
+        return ".".join(reversed(parts))
+
+    def children(self) -> Iterator[Module]:
+        yield from self._modules.values()
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        yield from self._modules.items()
+
+    def modules(self) -> Iterator[Module]:
+        for _, module in self.named_modules():
+            yield module
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        seen: set[int] = set()
+
+        def walk(module: Module, path: str) -> Iterator[tuple[str, Module]]:
+            if id(module) in seen:
+                return
+            seen.add(id(module))
+            yield path, module
+            for name, child in module._modules.items():
+                yield from walk(child, f"{path}.{name}" if path else name)
+
+        yield from walk(self, prefix)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, param in self.named_parameters(recurse=recurse):
+            yield param
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        seen: set[int] = set()
+        modules = self.named_modules(prefix) if recurse else iter([(prefix, self)])
+        for path, module in modules:
+            for name, param in module._parameters.items():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield (f"{path}.{name}" if path else name), param
+
+    def get_submodule(self, path: str) -> Module:
+        module: Module = self
+        for part in [p for p in path.split(".") if p]:
+            if part not in module._modules:
+                raise AttributeError(f"{type(module).__name__} has no child module {part!r} (path {path!r})")
+            module = module._modules[part]
+        return module
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: param.value for name, param in self.named_parameters()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        params = dict(self.named_parameters())
+        unknown = sorted(set(state) - set(params))
+        if unknown:
+            raise KeyError(f"unknown parameter(s) {unknown}; this module has {sorted(params)}")
+        for name, value in state.items():
+            if params[name].value != value:
+                params[name].value = value
+                if params[name]._parent is not None:
+                    params[name]._parent._bump_state_version()
+
+    def train(self, mode: bool = True) -> Self:
+        for module in self.modules():
+            object.__setattr__(module, "training", mode)
+        return self
+
+    def eval(self) -> Self:
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Self:
+        for param in self.parameters():
+            if requires_grad and not param.description:
+                raise ValueError(f"parameter {param.name} has no description and cannot be made learnable")
+            param.requires_grad = requires_grad
+        return self
+
+    def _bump_state_version(self) -> None:
+        object.__setattr__(self, "_module_state_version", self._module_state_version + 1)
+
+    # -- tracing hooks ----------------------------------------------------------------------------------------
+    def _is_leaf_module(self) -> bool:
+        if self.is_leaf is not None:
+            return self.is_leaf
+        # parameter containers hold state, not computation: they do not make a module composite
+        return not any(not isinstance(m, ParameterList | ParameterDict) for m in self._modules.values())
+
+    def node_config(self) -> dict[str, Any]:
+        """What identifies this module's behaviour in a graph hash (not its inputs)."""
+        return {"class": f"{type(self).__module__}:{type(self).__qualname__}"}
+
+    def output_kind(self) -> ValueKind:
+        return ValueKind.OTHER
+
+    # -- calling ----------------------------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must define forward()")
+
+    def bind(self, resources: Any, max_concurrent: int = 100, **settings: Any) -> Self:
+        """Attach resources (and run settings) so that ``await module(x)`` runs the pipeline."""
+        from app.pipeline.execution.settings import validate_setting_names
+
+        validate_setting_names(settings)
+        object.__setattr__(self, "_bound_resources", resources)
+        object.__setattr__(self, "_bound_settings", {"max_concurrent": max_concurrent, **settings})
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tracer = get_active_tracer()
+        if tracer is not None:
+            if self._is_leaf_module():
+                return tracer.record_call(self, args, kwargs)
+            return self.forward(*args, **kwargs)
+        from app.pipeline.execution.settings import get_execution_settings
+
+        settings = get_execution_settings()
+        if self._bound_resources is not None or (settings is not None and settings.resources is not None):
+            from app.pipeline.execution.executor import call_module
+
+            return call_module(self, args, kwargs)
+        return self.forward(*args, **kwargs)
+
+    def run_sync(self, *args: Any, **kwargs: Any) -> Any:
+        """Run from a script (no event loop running): traces, executes and returns the result."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("run_sync() cannot be used inside a running event loop; use `await module(...)`")
+        from app.pipeline.execution.executor import call_module
+
+        async def main() -> Any:
+            result = call_module(self, args, {**kwargs, "streaming": False})
+            return await result
+
+        return asyncio.run(main())
+
+    async def backward(self, feedback: Any, ctx: BackwardContext) -> BackwardResult:
+        """Default: pass the feedback unchanged to every input."""
+        from app.pipeline.optimization.types import BackwardResult
+
+        return BackwardResult(input_feedback={name: feedback for name in ctx.input_names()})
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}("]
+        for name, child in self._modules.items():
+            child_repr = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {child_repr}")
+        return "\n".join(lines) + ")" if self._modules else f"{type(self).__name__}()"
+
+
+InferenceModule = Module
+
+
+class LLMInference(Module):
+    """One LLM call. ``alias`` is mapped to an endpoint by ``ResourceConfig`` at run time."""
+
+    is_leaf = True
+
+    def __init__(
+        self,
+        alias: str,
+        system_prompt: str | Parameter = "",
+        temperature: float = 1.0,
+        max_tokens: int | None = None,
+        response_format: type | None = None,
+    ) -> None:
+        super().__init__()
+        if not alias or not isinstance(alias, str):
+            raise ValueError("LLMInference needs an alias (a key of your ResourceConfig), e.g. alias='fast'")
+        if max_tokens is not None and max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        self.alias = alias
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.response_format = response_format
+        if isinstance(system_prompt, Parameter):
+            self.system_prompt = system_prompt
+        else:
+            self.system_prompt = Parameter(system_prompt, description=None, requires_grad=False)
+
+    def node_config(self) -> dict[str, Any]:
+        fmt = self.response_format
+        return {
+            "alias": self.alias,
+            "system_prompt": str(self.system_prompt.value),
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "response_format": f"{fmt.__module__}:{fmt.__qualname__}" if fmt is not None else None,
+        }
+
+    def output_kind(self) -> ValueKind:
+        return ValueKind.STRUCTURED if self.response_format is not None else ValueKind.RESPONSE
+
+    def forward(self, prompt: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "LLMInference runs through the runtime, not forward(): bind resources (module.bind(resources=...)) "
+            "or use `async with ExecutionSettings(resources=...)`, then `await module(prompt)`"
+        )
+
+    async def backward(self, feedback: Any, ctx: BackwardContext) -> BackwardResult:
+        from app.pipeline.optimization.backward import llm_backward
+
+        return await llm_backward(self, feedback, ctx)
+
+
+# -- containers -----------------------------------------------------------------------------------------------
+class Sequential(Module):
+    """Calls its children in order, each on the previous one's output."""
+
+    def __init__(self, *modules: Module | dict[str, Module]) -> None:
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], dict):
+            for name, module in modules[0].items():
+                setattr(self, name, module)
+        else:
+            for index, module in enumerate(modules):
+                if not isinstance(module, Module):
+                    raise TypeError(f"Sequential takes modules, got {type(module).__name__}")
+                setattr(self, str(index), module)
+
+    def forward(self, x: Any) -> Any:
+        for module in self._modules.values():
+            x = module(x)
+        return x
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+
+class ModuleList(Module):
+    def __init__(self, modules: list[Module] | None = None) -> None:
+        super().__init__()
+        for module in modules or []:
+            self.append(module)
+
+    def append(self, module: Module) -> Self:
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules: list[Module]) -> Self:
+        for module in modules:
+            self.append(module)
+        return self
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def __setitem__(self, index: int, module: Module) -> None:
+        key = list(self._modules)[index]
+        setattr(self, key, module)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(self._modules.values()))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("ModuleList is a container; call its modules from a parent's forward()")
+
+
+class ModuleDict(Module):
+    def __init__(self, modules: dict[str, Module] | None = None) -> None:
+        super().__init__()
+        for name, module in (modules or {}).items():
+            self[name] = module
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        setattr(self, key, module)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._modules))
+
+    def keys(self) -> list[str]:
+        return list(self._modules)
+
+    def values(self) -> list[Module]:
+        return list(self._modules.values())
+
+    def items(self) -> list[tuple[str, Module]]:
+        return list(self._modules.items())
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("ModuleDict is a container; call its modules from a parent's forward()")
+
+
+class ParameterList(Module):
+    def __init__(self, parameters: list[Parameter] | None = None) -> None:
+        super().__init__()
+        for param in parameters or []:
+            self.append(param)
+
+    def append(self, param: Parameter) -> Self:
+        setattr(self, str(len(self._parameters)), param)
+        return self
+
+    def __getitem__(self, index: int) -> Parameter:
+        return list(self._parameters.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self) -> Iterator[Parameter]:
+        return iter(list(self._parameters.values()))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("ParameterList holds parameters; it cannot be called")
+
+
+class ParameterDict(Module):
+    def __init__(self, parameters: dict[str, Parameter] | None = None) -> None:
+        super().__init__()
+        for name, param in (parameters or {}).items():
+            self[name] = param
+
+    def __getitem__(self, key: str) -> Parameter:
+        return self._parameters[key]
+
+    def __setitem__(self, key: str, param: Parameter) -> None:
+        setattr(self, key, param)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._parameters
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._parameters))
+
+    def keys(self) -> list[str]:
+        return list(self._parameters)
+
+    def values(self) -> list[Parameter]:
+        return list(self._parameters.values())
+
+    def items(self) -> list[tuple[str, Parameter]]:
+        return list(self._parameters.items())
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("ParameterDict holds parameters; it cannot be called")

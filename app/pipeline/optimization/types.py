@@ -1,0 +1,30 @@
+"""Records exchanged during backward: what a module receives and what it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BackwardContext:
+    """What a module's ``backward`` sees for one node: its inputs, its output, and the graph around it."""
+
+    node_id: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    output: Any = None
+    graph: Any = None
+    all_results: dict[str, Any] = field(default_factory=dict)
+    downstream_feedback: list[Any] = field(default_factory=list)
+    reasoning_llm: Any = None
+
+    def input_names(self) -> list[str]:
+        return list(self.inputs)
+
+
+@dataclass
+class BackwardResult:
+    """Feedback for each input (keyed like ``BackwardContext.inputs``) and for each parameter (by name)."""
+
+    input_feedback: dict[str, Any] = field(default_factory=dict)
+    parameter_feedback: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,52 @@
+"""Scripted fake LMs for fast unit tests (the DSPy approach): answers come from a function, not a model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from app.pipeline.resources.types import LLMRequest, LLMResponse
+
+
+class ScriptedLM:
+    """Stands in for a ResourceManager. ``reply(alias, request)`` returns the text, or raises to simulate a
+    failure; ``latency`` is awaited on each call. Records every call and the peak number in flight."""
+
+    def __init__(
+        self,
+        reply: Callable[[str, LLMRequest], str] | None = None,
+        latency: float = 0.0,
+        max_retries: int = 0,
+    ) -> None:
+        self.reply = reply or (lambda alias, req: f"[{alias}] {req.prompt}")
+        self.latency = latency
+        self.calls: list[tuple[str, Any, str | None]] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self._max_retries = max_retries
+        self.closed = False
+
+    async def complete(self, alias: str, request: LLMRequest) -> LLMResponse:
+        self.calls.append((alias, request.prompt, request.system_prompt))
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            text = self.reply(alias, request)
+        finally:
+            self.in_flight -= 1
+        return LLMResponse(content=text, input_tokens=len(str(request.prompt).split()), output_tokens=len(text.split()))
+
+    def prompts(self) -> list[Any]:
+        return [prompt for _, prompt, _ in self.calls]
+
+    def max_retries(self, alias: str) -> int:
+        return self._max_retries
+
+    def endpoints(self, alias: str) -> list[Any]:
+        return []
+
+    async def aclose(self) -> None:
+        self.closed = True
