@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -120,14 +120,36 @@ async def drive(call: Call, concurrency: int, seconds: float) -> tuple[int, floa
     return len(latencies), elapsed, latencies
 
 
-async def bench_one(factory: Factory, base_url: str, args: argparse.Namespace) -> tuple[float, float, float, int]:
+class Result(NamedTuple):
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    done: int
+    client_cpu_us: float  # this process's CPU time per request
+    server_cpu_us: float  # the server process's CPU time per request
+
+
+def _server_cpu(pid: int) -> float:
+    try:
+        import psutil
+
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    except Exception:  # psutil missing: the column shows nan
+        return float("nan")
+
+
+async def bench_one(factory: Factory, base_url: str, args: argparse.Namespace, server_pid: int) -> Result:
     async with factory(base_url) as call:
         await drive(call, args.concurrency, args.warmup)
+        cpu0, srv0 = time.process_time(), _server_cpu(server_pid)
         done, elapsed, lat = await drive(call, args.concurrency, args.seconds)
+        cpu1, srv1 = time.process_time(), _server_cpu(server_pid)
     lat.sort()
     p50 = statistics.median(lat) * 1000 if lat else float("nan")
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else float("nan")
-    return done / elapsed, p50, p99, done
+    n = max(done, 1)
+    return Result(done / elapsed, p50, p99, done, (cpu1 - cpu0) / n * 1e6, (srv1 - srv0) / n * 1e6)
 
 
 def main() -> None:
@@ -152,21 +174,32 @@ def main() -> None:
 
     proc, base_url = start_fake_server_process(latency=args.latency)
     try:
-        ideal = args.concurrency / args.latency
+        ideal = args.concurrency / args.latency if args.latency > 0 else float("inf")
         print(
             f"fake server at {base_url} (own process, uvloop), latency {args.latency * 1000:g} ms; "
             f"{args.concurrency} in flight; clients on {loop_name}; {args.seconds:g} s each after "
             f"{args.warmup:g} s warm-up\n"
         )
-        print(f"{'client':<36} {'req/s':>9} {'x ideal':>8} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9}")
-        print("-" * 83)
+        print(
+            f"{'client':<34} {'req/s':>7} {'x ideal':>8} {'p50 ms':>7} {'p99 ms':>7} {'requests':>9} "
+            f"{'client CPU/req':>15} {'server CPU/req':>15}"
+        )
+        print("-" * 108)
         for key in [k.strip() for k in args.clients.split(",") if k.strip()]:
             if key not in CLIENTS:
                 parser.error(f"unknown client {key!r}; choose from {', '.join(CLIENTS)}")
             name, factory = CLIENTS[key]
-            rps, p50, p99, done = runner(bench_one(factory, base_url, args))
-            print(f"{name:<36} {rps:>9.0f} {rps / ideal:>8.2f} {p50:>8.1f} {p99:>8.1f} {done:>9}", flush=True)
-        print(f"{'ideal (concurrency / latency)':<36} {ideal:>9.0f} {1.0:>8.2f} {args.latency * 1000:>8.1f}")
+            r: Result = runner(bench_one(factory, base_url, args, proc.pid))
+            print(
+                f"{name:<34} {r.rps:>7.0f} {r.rps / ideal:>8.2f} {r.p50_ms:>7.1f} {r.p99_ms:>7.1f} {r.done:>9} "
+                f"{r.client_cpu_us:>12.0f} us {r.server_cpu_us:>12.0f} us",
+                flush=True,
+            )
+        print(f"{'ideal (concurrency / latency)':<34} {ideal:>7.0f} {1.0:>8.2f} {args.latency * 1000:>7.1f}")
+        print(
+            "\nCPU/req is CPU time per completed request: 1e6 / (server CPU/req) is what the fake server could "
+            "serve per core; 1e6 / (client CPU/req) what the client could drive per core."
+        )
     finally:
         stop_fake_server_process(proc)
 

@@ -43,7 +43,14 @@ def allocate_kv_cache(
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}")
     full = torch.zeros(
-        config.num_layers, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype=dtype, device=device
+        config.num_layers,
+        2,
+        num_blocks,
+        block_size,
+        config.num_kv_heads,
+        config.head_dim,
+        dtype=dtype,
+        device=device,
     )
     return list(full.unbind(0))
 
@@ -102,7 +109,9 @@ class AttentionMetadata:
             raise ValueError(f"block_tables has {self.block_tables.shape[1]} columns, context needs {need}")
         self.num_tokens = sum(self.query_lens)
         if self.slot_mapping.shape != (self.num_tokens,):
-            raise ValueError(f"slot_mapping must be [{self.num_tokens}], got {tuple(self.slot_mapping.shape)}")
+            raise ValueError(
+                f"slot_mapping must be [{self.num_tokens}], got {tuple(self.slot_mapping.shape)}"
+            )
         self.slot_mapping = self.slot_mapping.long()
         self.block_tables = self.block_tables.long()
         device = self.slot_mapping.device
@@ -183,7 +192,9 @@ class AttentionMetadata:
             self.prefills.append(_PrefillSeq(cu[i], q, c, block_ids, mask))
 
 
-def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots of ``kv_cache``."""
     _, _, _, kvh, hd = kv_cache.shape
     kv_cache[0].view(-1, kvh, hd).index_copy_(0, slot_mapping, key)

@@ -58,7 +58,9 @@ class RopeScaling:
                     params.get("original_max_position_embeddings", max_position_embeddings)
                 ),
             )
-        raise ConfigError(f"RoPE scaling type {rope_type!r} is not supported (supported: default, linear, llama3)")
+        raise ConfigError(
+            f"RoPE scaling type {rope_type!r} is not supported (supported: default, linear, llama3)"
+        )
 
     def to_hf(self, rope_theta: float) -> dict[str, Any]:
         """The transformers-5 ``rope_parameters`` dict (also readable as old-style ``rope_scaling``)."""
@@ -103,7 +105,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ConfigError(f"architecture {self.architecture!r} is not supported ({SUPPORTED_ARCHITECTURES})")
+            raise ConfigError(
+                f"architecture {self.architecture!r} is not supported ({SUPPORTED_ARCHITECTURES})"
+            )
         for attr in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "head_dim"):
             if getattr(self, attr) <= 0:
                 raise ConfigError(f"{attr} must be positive, got {getattr(self, attr)}")
@@ -136,7 +140,9 @@ class ModelConfig:
         if rs.freq_factors is not None:
             factors = torch.tensor(rs.freq_factors, dtype=torch.float32)
             if factors.numel() != inv_freq.numel():
-                raise ConfigError(f"rope freq_factors has {factors.numel()} entries, expected {inv_freq.numel()}")
+                raise ConfigError(
+                    f"rope freq_factors has {factors.numel()} entries, expected {inv_freq.numel()}"
+                )
             return inv_freq / factors
         if rs.rope_type == "linear":
             return inv_freq / rs.factor
@@ -159,7 +165,9 @@ class ModelConfig:
     ) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` dict (and optionally ``generation_config.json``)."""
         arch = _hf_architecture(cfg)
-        eos = _as_id_tuple((generation_config or {}).get("eos_token_id")) or _as_id_tuple(cfg.get("eos_token_id"))
+        eos = _as_id_tuple((generation_config or {}).get("eos_token_id")) or _as_id_tuple(
+            cfg.get("eos_token_id")
+        )
         bos = cfg.get("bos_token_id")
         pad = cfg.get("pad_token_id")
         name = str(cfg.get("_name_or_path", "") or "")
@@ -199,7 +207,9 @@ class ModelConfig:
         theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         scaling = RopeScaling.from_hf(rope_params, max_pos)
         if cfg.get("inf_engine_rope_freq_factors"):
-            scaling = replace(scaling, freq_factors=tuple(float(f) for f in cfg["inf_engine_rope_freq_factors"]))
+            scaling = replace(
+                scaling, freq_factors=tuple(float(f) for f in cfg["inf_engine_rope_freq_factors"])
+            )
         return cls(
             architecture="llama",
             vocab_size=int(cfg["vocab_size"]),
@@ -273,7 +283,9 @@ class ModelConfig:
         head_dim = int(meta.get("llama.attention.key_length") or hidden // heads)
         rope_dims = int(meta.get("llama.rope.dimension_count") or head_dim)
         if rope_dims != head_dim:
-            raise ConfigError(f"partial rotary embeddings (rope dims {rope_dims} < head_dim {head_dim}) unsupported")
+            raise ConfigError(
+                f"partial rotary embeddings (rope dims {rope_dims} < head_dim {head_dim}) unsupported"
+            )
         scaling_type = str(meta.get("llama.rope.scaling.type", "none"))
         if scaling_type in ("none", ""):
             scaling = RopeScaling()

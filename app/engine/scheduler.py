@@ -10,7 +10,6 @@ budget, and the step that reaches ``num_tokens`` samples one new token.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -75,44 +74,43 @@ class SchedulerStats:
     num_cached_blocks: int
 
 
+def _rank(policy: str, seq: Sequence) -> tuple[float, ...]:
+    """Smaller = served first and preempted last: arrival (fcfs), or priority then arrival. The seq id
+    breaks ties, so siblings of one request keep their order."""
+    if policy == "priority":
+        return (seq.priority, seq.arrival_time, seq.seq_id)
+    return (seq.arrival_time, seq.seq_id)
+
+
 class _WaitingQueue:
-    """fcfs: a deque (preempted sequences go back to the front); priority: a heap on
-    (priority, arrival, seq id), where the preempted simply re-enter by their key."""
+    """A heap on the policy's rank. A preempted sequence re-enters by its rank, which under fcfs puts it
+    back at the front (it arrived before anything still waiting)."""
 
-    def __init__(self, by_priority: bool) -> None:
-        self._by_priority = by_priority
-        self._fifo: deque[Sequence] = deque()
-        self._heap: list[tuple[int, float, int, Sequence]] = []
+    def __init__(self, policy: str) -> None:
+        self._policy = policy
+        self._heap: list[tuple[tuple[float, ...], Sequence]] = []
 
-    def push(self, seq: Sequence, front: bool = False) -> None:
-        if self._by_priority:
-            heapq.heappush(self._heap, (seq.priority, seq.arrival_time, seq.seq_id, seq))
-        elif front:
-            self._fifo.appendleft(seq)
-        else:
-            self._fifo.append(seq)
+    def push(self, seq: Sequence) -> None:
+        heapq.heappush(self._heap, (_rank(self._policy, seq), seq))
 
     def peek(self) -> Sequence:
-        return self._heap[0][3] if self._by_priority else self._fifo[0]
+        return self._heap[0][1]
 
     def pop(self) -> Sequence:
-        return heapq.heappop(self._heap)[3] if self._by_priority else self._fifo.popleft()
+        return heapq.heappop(self._heap)[1]
 
     def remove(self, seq: Sequence) -> None:
-        if self._by_priority:
-            self._heap = [e for e in self._heap if e[3] is not seq]
-            heapq.heapify(self._heap)
-        else:
-            self._fifo.remove(seq)
+        self._heap = [e for e in self._heap if e[1] is not seq]
+        heapq.heapify(self._heap)
 
     def __contains__(self, seq: object) -> bool:
-        return any(e[3] is seq for e in self._heap) if self._by_priority else seq in self._fifo
+        return any(e[1] is seq for e in self._heap)
 
     def __len__(self) -> int:
-        return len(self._heap) if self._by_priority else len(self._fifo)
+        return len(self._heap)
 
     def __iter__(self) -> Iterator[Sequence]:
-        return (e[3] for e in sorted(self._heap)) if self._by_priority else iter(self._fifo)
+        return (e[1] for e in sorted(self._heap, key=lambda e: e[0]))
 
 
 class Scheduler:
@@ -127,7 +125,7 @@ class Scheduler:
                 f"without chunked prefill, max_num_batched_tokens ({config.max_num_batched_tokens}) must be "
                 f">= the maximum sequence length ({self.max_model_len}), or long sequences could never run"
             )
-        self.waiting = _WaitingQueue(config.policy == "priority")
+        self.waiting = _WaitingQueue(config.policy)
         self.running: list[Sequence] = []
         self.requests: dict[str, SequenceGroup] = {}
         self._pending_forks: dict[int, list[Sequence]] = {}  # parent seq id -> children not yet forked
@@ -309,23 +307,20 @@ class Scheduler:
         return n
 
     def _key(self, seq: Sequence) -> tuple[float, ...]:
-        """Larger = preempted first: latest arrival (fcfs), or worst priority then latest arrival."""
-        if self.config.policy == "priority":
-            return (seq.priority, seq.arrival_time, seq.seq_id)
-        return (seq.arrival_time, seq.seq_id)
+        return _rank(self.config.policy, seq)
 
     def _victim(self) -> Sequence:
         return max(self.running, key=self._key)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Preempt by recompute: free the blocks, keep the outputs, requeue at the front. Returns the
+        """Preempt by recompute: free the blocks, keep the outputs, requeue. Returns the
         tokens given back to this step's budget if ``seq`` had already been scheduled in it."""
         self.running.remove(seq)
         self.block_manager.free(seq)  # also resets num_computed_tokens
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.push(seq, front=True)
+        self.waiting.push(seq)
         out.preempted.append(seq)
         if seq.seq_id in out.num_scheduled_tokens:
             out.scheduled.remove(seq)

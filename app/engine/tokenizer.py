@@ -72,7 +72,9 @@ class Tokenizer:
         if template is None and jinja_file.is_file():
             template = jinja_file.read_text(encoding="utf-8")
         if template is None and (folder / "chat_template.json").is_file():
-            template = json.loads((folder / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+            template = json.loads((folder / "chat_template.json").read_text(encoding="utf-8")).get(
+                "chat_template"
+            )
         return cls(
             backend,
             bos_token=_token_str(cfg.get("bos_token")),
@@ -258,10 +260,17 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON, as in transformers.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -275,7 +284,9 @@ def _compile_template(source: str) -> jinja2.Template:
     template = _TEMPLATE_CACHE.get(source)
     if template is None:
         # The settings transformers uses, so templates render the same text.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now

@@ -116,7 +116,7 @@ def _substitute(template: str, variables: dict[str, Any], default: Any) -> str:
 
 
 @_op("render")
-def render(template: Any, vars: Any = None) -> Value:  # noqa: A002 - the spec's name
+def render(template: Any, vars: Any = None) -> Value:
     """``{name}`` substitution (``{{``/``}}`` for literal braces); a missing variable is an ERROR."""
     variables = vars or {}
     if isinstance(variables, Value):
@@ -125,7 +125,7 @@ def render(template: Any, vars: Any = None) -> Value:  # noqa: A002 - the spec's
 
 
 @_op("try_render")
-def try_render(template: Any, vars: Any = None, default: str = "") -> Value:  # noqa: A002
+def try_render(template: Any, vars: Any = None, default: str = "") -> Value:
     """Like render, but a missing variable becomes ``default`` instead of an error."""
     variables = vars or {}
     if isinstance(variables, Value):
@@ -139,7 +139,7 @@ def concat(*parts: Any, sep: str = "") -> Value:
 
 
 @_op("format")
-def format(fmt: Any, vars: Any = None) -> Value:  # noqa: A001 - the spec's name
+def format(fmt: Any, vars: Any = None) -> Value:
     """Python ``str.format`` with format specs (``{x:.2f}``) over the payloads of ``vars``."""
     variables = vars.payload if isinstance(vars, Value) else (vars or {})
     return Value(ValueKind.TEXT, _text(fmt).format(**{k: unwrap(v) for k, v in dict(variables).items()}))
@@ -193,9 +193,7 @@ def select(struct: Any, key_or_path: Any, default: Any = _MISSING) -> Value:
     current = unwrap(struct)
     for part in _path(key_or_path):
         try:
-            if isinstance(current, dict):
-                current = current[part]
-            elif isinstance(current, list | tuple) and isinstance(part, int):
+            if isinstance(current, dict) or (isinstance(current, list | tuple) and isinstance(part, int)):
                 current = current[part]
             elif isinstance(part, str) and hasattr(current, part) and not isinstance(current, str | bytes):
                 current = getattr(current, part)
@@ -291,17 +289,17 @@ def _numbers(values: tuple[Any, ...]) -> list[int | float]:
 
 
 @_op("sum")
-def sum(*values: Any) -> Value:  # noqa: A001 - the spec's name
+def sum(*values: Any) -> Value:
     return Value(ValueKind.FLOAT, float(math.fsum(_numbers(values))))
 
 
 @_op("min")
-def min(*values: Any) -> Value:  # noqa: A001
+def min(*values: Any) -> Value:
     return Value(ValueKind.FLOAT, float(builtins.min(_numbers(values))))
 
 
 @_op("max")
-def max(*values: Any) -> Value:  # noqa: A001
+def max(*values: Any) -> Value:
     return Value(ValueKind.FLOAT, float(builtins.max(_numbers(values))))
 
 

@@ -25,6 +25,15 @@ class Module:
     #: a composite is traced through; a leaf is recorded as one node. None: leaf iff it has no child modules.
     is_leaf: bool | None = None
 
+    _modules: dict[str, Module]
+    _parameters: dict[str, Parameter]
+    _name: str | None
+    _parent: Module | None
+    _bound_resources: Any
+    _bound_settings: dict[str, Any]
+    _module_state_version: int
+    training: bool
+
     def __init__(self) -> None:
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_parameters", {})
@@ -125,10 +134,12 @@ class Module:
         if unknown:
             raise KeyError(f"unknown parameter(s) {unknown}; this module has {sorted(params)}")
         for name, value in state.items():
-            if params[name].value != value:
-                params[name].value = value
-                if params[name]._parent is not None:
-                    params[name]._parent._bump_state_version()
+            param = params[name]
+            if param.value != value:
+                param.value = value
+                owner = param._parent
+                if owner is not None:
+                    owner._bump_state_version()
 
     def train(self, mode: bool = True) -> Self:
         for module in self.modules():
@@ -282,13 +293,13 @@ class Sequential(Module):
     def __init__(self, *modules: Module | dict[str, Module]) -> None:
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], dict):
-            for name, module in modules[0].items():
-                setattr(self, name, module)
+            for name, child in modules[0].items():
+                setattr(self, name, child)
         else:
-            for index, module in enumerate(modules):
-                if not isinstance(module, Module):
-                    raise TypeError(f"Sequential takes modules, got {type(module).__name__}")
-                setattr(self, str(index), module)
+            for index, item in enumerate(modules):
+                if not isinstance(item, Module):
+                    raise TypeError(f"Sequential takes modules, got {type(item).__name__}")
+                setattr(self, str(index), item)
 
     def forward(self, x: Any) -> Any:
         for module in self._modules.values():

@@ -96,8 +96,13 @@ def load_model(
         config = config.with_eos(tokenizer.eos_token_ids)
     model = build_model(config, dtype=dtype, device=device)
     model.load_hf_state_dict(state)
-    log.info("loaded %s (%s, %d layers) in %.2fs", path or DEFAULT_MODEL_NAME, config.architecture,
-             config.num_layers, time.perf_counter() - start)
+    log.info(
+        "loaded %s (%s, %d layers) in %.2fs",
+        path or DEFAULT_MODEL_NAME,
+        config.architecture,
+        config.num_layers,
+        time.perf_counter() - start,
+    )
     return model, tokenizer, config
 
 

@@ -25,12 +25,16 @@ TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", 
 
 def _blocks(raw: np.ndarray, qtype: int, numel: int) -> np.ndarray:
     if numel % QK:
-        raise ValueError(f"{TYPE_NAMES[qtype]} tensor of {numel} weights is not a whole number of {QK}-blocks")
+        raise ValueError(
+            f"{TYPE_NAMES[qtype]} tensor of {numel} weights is not a whole number of {QK}-blocks"
+        )
     nbytes = _BLOCK_BYTES[qtype]
     n_blocks = numel // QK
     flat = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
     if flat.size != n_blocks * nbytes:
-        raise ValueError(f"{TYPE_NAMES[qtype]}: {flat.size} bytes for {numel} weights, expected {n_blocks * nbytes}")
+        raise ValueError(
+            f"{TYPE_NAMES[qtype]}: {flat.size} bytes for {numel} weights, expected {n_blocks * nbytes}"
+        )
     return flat.reshape(n_blocks, nbytes)
 
 

@@ -28,8 +28,12 @@ log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 # Big token/merge arrays are read only for the tokenizer, not copied into the metadata dict.
-_TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                     "tokenizer.ggml.scores")
+_TOKENIZER_ARRAYS = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+)
 
 # llama.cpp token types.
 _TOKEN_CONTROL = 3
@@ -65,12 +69,8 @@ _GPT2_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
 
 # Pre-tokenizer regexes by `tokenizer.ggml.pre`, as llama.cpp splits text (llama-vocab.cpp).
 _GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"""
-_LLAMA3_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-_QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+_LLAMA3_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 _PRE_GPT2 = {"default", "gpt2", "gpt-2", "mpt", "olmo", "jais"}
 _PRE_DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
 _PRE_LLAMA3 = {"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"}
@@ -121,7 +121,8 @@ class GGUFFile:
             # llama3-style scaling: GGUF keeps the per-frequency factors as a tensor, not the parameters.
             factors = self._tensor_array("rope_freqs.weight").reshape(-1)
             config = replace(
-                config, rope_scaling=replace(config.rope_scaling, freq_factors=tuple(float(f) for f in factors))
+                config,
+                rope_scaling=replace(config.rope_scaling, freq_factors=tuple(float(f) for f in factors)),
             )
         return config
 
@@ -172,7 +173,9 @@ def _hf_name(gguf_name: str, arch: str) -> tuple[str, str]:
         raise ConfigError(f"unexpected GGUF tensor {gguf_name!r}")
     suffix = parts[-1]
     per_layer, global_names, layer_prefix = (
-        (_LLAMA_NAMES, _LLAMA_GLOBAL, "model.layers") if arch == "llama" else (_GPT2_NAMES, _GPT2_GLOBAL, "transformer.h")
+        (_LLAMA_NAMES, _LLAMA_GLOBAL, "model.layers")
+        if arch == "llama"
+        else (_GPT2_NAMES, _GPT2_GLOBAL, "transformer.h")
     )
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in per_layer:
         return f"{layer_prefix}.{parts[1]}.{per_layer[parts[2]]}.{suffix}", parts[2]
@@ -181,9 +184,7 @@ def _hf_name(gguf_name: str, arch: str) -> tuple[str, str]:
     raise ConfigError(f"GGUF tensor {gguf_name!r} has no place in a {arch} model")
 
 
-def build_gguf_tokenizer(
-    meta: Mapping[str, Any], array: Any, config: ModelConfig
-) -> Tokenizer:
+def build_gguf_tokenizer(meta: Mapping[str, Any], array: Any, config: ModelConfig) -> Tokenizer:
     """A byte-level BPE ``tokenizers`` tokenizer from ``tokenizer.ggml.*`` (the gpt2 model SmolLM2 uses)."""
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
@@ -208,7 +209,9 @@ def build_gguf_tokenizer(
     backend.decoder = decoders.ByteLevel()
     # Control tokens (<|im_start|>, ...) are special; user-defined ones are matched whole but kept in text.
     special = [
-        AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _TOKEN_CONTROL
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i, t in enumerate(types)
+        if t == _TOKEN_CONTROL
     ]
     user = [
         AddedToken(tokens[i], special=False, normalized=False)
@@ -245,8 +248,12 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         # llama.cpp: split every digit on its own, then the GPT-2 regex.
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level_regex])
     if pre in _PRE_LLAMA3:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level_plain])
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level_plain]
+        )
     if pre in _PRE_QWEN2:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2_SPLIT), "isolated"), byte_level_plain])
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(_QWEN2_SPLIT), "isolated"), byte_level_plain]
+        )
     log.warning("unknown GGUF pre-tokenizer %r: using the GPT-2 split; tokens may differ from llama.cpp", pre)
     return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_GPT2_SPLIT), "isolated"), byte_level_plain])

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
+
+_ST_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 from app.engine.config import ModelConfig
 from app.engine.tokenizer import Tokenizer
@@ -53,10 +67,40 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a ``.safetensors`` file, read with ONE sequential read into one buffer.
+
+    Faster than the library's mmap path here: touching mmapped pages one by one costs more than a single
+    ``readinto``. Tensors are views into the buffer. Formats we do not map fall back to the library.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > size - 8:
+            raise ValueError(f"{path} is not a safetensors file (header length {header_len})")
+        header = json.loads(f.read(header_len))
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        if any(e.get("dtype") not in _ST_DTYPES for e in entries.values()):
+            return load_file(str(path), device="cpu")
+        buf = torch.empty(size - 8 - header_len, dtype=torch.uint8)
+        if f.readinto(memoryview(buf.numpy())) != buf.numel():
+            raise ValueError(f"{path} is truncated")
+    out: dict[str, torch.Tensor] = {}
+    for name, e in entries.items():
+        dtype = _ST_DTYPES[e["dtype"]]
+        start, end = (int(x) for x in e["data_offsets"])
+        raw = buf[start:end]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if start % itemsize:
+            raw = raw.clone()  # misaligned for a dtype view: copy to an aligned buffer
+        out[name] = raw.view(dtype).view([int(d) for d in e["shape"]])
+    return out
+
+
 def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for path in safetensors_files(folder):
-        part = load_file(str(path), device="cpu")
+        part = read_safetensors(path)
         dup = set(part) & set(state)
         if dup:
             raise ValueError(f"{path.name} repeats tensors from another shard: {sorted(dup)[:4]}")

@@ -16,19 +16,12 @@ MODEL_CLASSES: dict[str, type[PagedCausalLM]] = {"llama": LlamaForCausalLM, "gpt
 def build_model(
     config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> PagedCausalLM:
-    """An uninitialised model for ``config`` (load weights with ``load_hf_state_dict``)."""
+    """A model for ``config`` whose weights are placeholders until ``load_hf_state_dict`` fills them."""
     try:
         cls = MODEL_CLASSES[config.architecture]
     except KeyError:
         raise ValueError(f"no model for architecture {config.architecture!r}") from None
-    # Build on the meta device: allocating (and randomly initialising) weights we overwrite anyway is slow.
-    with torch.device("meta"):
-        model = cls(config)
-    model = model.to_empty(device=device).to(dtype)
-    # inv_freq is a non-persistent buffer: recompute it (to_empty left it uninitialised), always float32.
-    if hasattr(model, "inv_freq"):
-        model.inv_freq = config.rope_inv_freq().to(device)
-    return model.eval()
+    return cls(config, dtype=dtype, device=device).eval()
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from torch import nn
 from app.engine.attention import AttentionMetadata, paged_attention
 from app.engine.config import ModelConfig
 from app.engine.models.base import PagedCausalLM, take
+from app.engine.models.layers import Embedding, LayerNorm, Linear, placeholder
 
 # Old GPT-2 checkpoints carry the causal-mask buffers `attn.bias` / `attn.masked_bias`: not weights.
 _MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -28,8 +29,8 @@ class GPT2Attention(nn.Module):
         self.head_dim = config.head_dim
         self.embed = config.num_heads * config.head_dim
         self.scale = config.head_dim**-0.5
-        self.c_attn = nn.Linear(config.hidden_size, 3 * self.embed)
-        self.c_proj = nn.Linear(self.embed, config.hidden_size)
+        self.c_attn = Linear(config.hidden_size, 3 * self.embed)
+        self.c_proj = Linear(self.embed, config.hidden_size)
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
@@ -42,8 +43,8 @@ class GPT2Attention(nn.Module):
 class GPT2MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.c_proj = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.c_fc = Linear(config.hidden_size, config.intermediate_size)
+        self.c_proj = Linear(config.intermediate_size, config.hidden_size)
         # gelu_new and gelu_pytorch_tanh are both the tanh approximation; plain "gelu" is exact erf.
         self.approximate = "none" if config.activation == "gelu" else "tanh"
 
@@ -54,9 +55,9 @@ class GPT2MLP(nn.Module):
 class GPT2Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ln_1 = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.attn = GPT2Attention(config)
-        self.ln_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ln_2 = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.mlp = GPT2MLP(config)
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
@@ -65,18 +66,19 @@ class GPT2Block(nn.Module):
 
 
 class GPT2LMHeadModel(PagedCausalLM):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
         if config.architecture != "gpt2":
             raise ValueError(f"GPT2LMHeadModel needs a gpt2 config, got {config.architecture!r}")
-        super().__init__(config)
-        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        super().__init__(config, dtype, device)
+        self.wte = Embedding(config.vocab_size, config.hidden_size)
+        self.wpe = Embedding(config.max_position_embeddings, config.hidden_size)
         self.h = nn.ModuleList(GPT2Block(config) for _ in range(config.num_layers))
-        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ln_f = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.lm_head: nn.Parameter | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
-        self.requires_grad_(False)
+            self.lm_head = placeholder(config.vocab_size, config.hidden_size)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.wte.weight if self.lm_head is None else self.lm_head
@@ -98,11 +100,7 @@ class GPT2LMHeadModel(PagedCausalLM):
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load HF GPT-2 weights (``transformer.`` prefix optional; Conv1D weights transposed here)."""
-        src = {
-            k.removeprefix("transformer."): v
-            for k, v in state.items()
-            if not k.endswith(_MASK_BUFFERS)
-        }
+        src = {k.removeprefix("transformer."): v for k, v in state.items() if not k.endswith(_MASK_BUFFERS)}
         ours: dict[str, torch.Tensor] = {}
         used: set[str] = set()
         for name in dict(self.named_parameters()):

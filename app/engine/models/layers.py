@@ -3,7 +3,48 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+def placeholder(*shape: int) -> nn.Parameter:
+    """A weight with no storage yet (meta device): the loader gives every parameter its real tensor.
+
+    Allocating and randomly initialising weights that are overwritten at once costs seconds for a real model.
+    """
+    return nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x @ W.T + b`` with placeholder weights (see :func:`placeholder`)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = placeholder(out_features, in_features)
+        self.bias = placeholder(out_features) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, dim: int) -> None:
+        super().__init__()
+        self.weight = placeholder(num_embeddings, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = placeholder(dim)
+        self.bias = placeholder(dim)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -11,7 +52,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = placeholder(hidden_size)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from torch import nn
 from app.engine.attention import AttentionMetadata, paged_attention
 from app.engine.config import ModelConfig
 from app.engine.models.base import PagedCausalLM, take
-from app.engine.models.layers import RMSNorm, apply_rope, rope_cos_sin
+from app.engine.models.layers import Embedding, Linear, RMSNorm, apply_rope, placeholder, rope_cos_sin
 
 # Checkpoint entries that are buffers, not weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -30,8 +30,8 @@ class LlamaAttention(nn.Module):
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
 
     def forward(
         self,
@@ -54,8 +54,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -83,18 +83,19 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(PagedCausalLM):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
         if config.architecture != "llama":
             raise ValueError(f"LlamaForCausalLM needs a llama config, got {config.architecture!r}")
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        super().__init__(config, dtype, device)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Parameter | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
-        self.register_buffer("inv_freq", config.rope_inv_freq(), persistent=False)
-        self.requires_grad_(False)
+            self.lm_head = placeholder(config.vocab_size, config.hidden_size)
+        self.register_buffer("inv_freq", config.rope_inv_freq().to(self.param_device), persistent=False)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head

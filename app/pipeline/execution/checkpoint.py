@@ -49,7 +49,7 @@ def _payloads(obj: Any) -> Any:
 
 
 class CheckpointManager:
-    def __init__(self, dir: str | Path, buffer_size: int = 10, flush_interval: float = 60.0) -> None:  # noqa: A002
+    def __init__(self, dir: str | Path, buffer_size: int = 10, flush_interval: float = 60.0) -> None:
         if buffer_size < 1:
             raise ValueError("buffer_size must be at least 1")
         self.dir = Path(dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,7 +269,7 @@ Item = tuple[tuple[Any, ...], dict[str, Any]]
 
 async def _completed_items(
     session: _Session, module: Any, items: list[Item]
-) -> AsyncIterator[tuple[int, ExecutionState]]:
+) -> AsyncGenerator[tuple[int, ExecutionState], None]:
     """Trace and submit items in chunks (so the first requests start before the last item is traced) and
     yield ``(index, state)`` as items finish. Closing the iterator cancels what is still running."""
     queue: asyncio.Queue[tuple[int, asyncio.Future[Any]]] = asyncio.Queue()
@@ -280,7 +280,7 @@ async def _completed_items(
         for start in range(0, len(items), chunk):
             for index in range(start, min(start + chunk, len(items))):
                 future = session.submit(session.prepare(module, *items[index]))
-                future.add_done_callback(lambda f, i=index: queue.put_nowait((i, f)))
+                future.add_done_callback(_enqueue_done(queue, index))
                 futures.append(future)
             await asyncio.sleep(0)  # let the dispatched requests go out while the next chunk is traced
 
@@ -305,6 +305,10 @@ async def _completed_items(
         for future in futures:
             if not future.done():
                 session.scheduler.cancel(future)
+
+
+def _enqueue_done(queue: asyncio.Queue[tuple[int, asyncio.Future[Any]]], index: int) -> Callable[[Any], None]:
+    return lambda future: queue.put_nowait((index, future))
 
 
 async def run_batch(module: Any, items: list[Item], config: RunConfig) -> list[Any]:

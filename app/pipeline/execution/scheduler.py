@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.pipeline.execution.state import ExecutionState, Task, TaskResult
 from app.pipeline.execution.node_runner import is_inline, resolve_args, run_llm_node, run_module_node
+from app.pipeline.execution.state import ExecutionState, Task, TaskResult
 from app.pipeline.graph import GraphNode, OpNode
 from app.pipeline.resources.errors import RateLimitError, TransientError
 from app.pipeline.values import Value, first_error_value
@@ -38,6 +38,7 @@ class _Run:
     future: asyncio.Future[ExecutionState]
     on_complete: CompleteHook | None
     tag: str
+    seq: int
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     timers: set[asyncio.TimerHandle] = field(default_factory=set)
     cancelled: bool = False
@@ -65,7 +66,9 @@ class Scheduler:
         self.profiler = profiler
         self.on_task_complete = on_task_complete
         self.on_task_failed = on_task_failed
-        self._heap: list[tuple[Task, int, _Run]] = []
+        # ordered by task priority, then the run's submission order (finish started items first, so streams
+        # yield early and memory stays flat), then task creation
+        self._heap: list[tuple[int, int, Task, int, _Run]] = []
         self._order = itertools.count()
         self._running = 0
         self._alias_running: dict[str, int] = {}
@@ -84,7 +87,8 @@ class Scheduler:
     def submit(self, state: ExecutionState, on_complete: CompleteHook | None = None) -> asyncio.Future[Any]:
         """Start running ``state``; the future resolves to the state when nothing more can run."""
         loop = asyncio.get_running_loop()
-        run = _Run(state, loop.create_future(), on_complete, state.execution_id or f"run{next(self._runs)}")
+        seq = next(self._runs)
+        run = _Run(state, loop.create_future(), on_complete, state.execution_id or f"run{seq}", seq)
         if self.profiler is not None and self.resource_manager is not None:
             for alias in {n.alias for n in state.graph.nodes.values() if n.alias}:
                 self.profiler.set_capacity(alias, _alias_capacity(self.resource_manager, alias))
@@ -132,7 +136,10 @@ class Scheduler:
                 if is_inline(node):
                     self._run_inline(run, task, node)
                 else:
-                    heapq.heappush(self._heap, (task, next(self._order), run))
+                    self._push(run, task)
+
+    def _push(self, run: _Run, task: Task) -> None:
+        heapq.heappush(self._heap, (task.priority, run.seq, task, next(self._order), run))
 
     def _run_inline(self, run: _Run, task: Task, node: GraphNode) -> None:
         profiler = self.profiler
@@ -147,7 +154,7 @@ class Scheduler:
 
     def _pump(self) -> None:
         while self._heap and self._running < self.max_concurrent:
-            task, _, run = heapq.heappop(self._heap)
+            _, _, task, _, run = heapq.heappop(self._heap)
             if run.cancelled:
                 continue
             self._running += 1
@@ -263,7 +270,7 @@ class Scheduler:
 
     def _requeue_task(self, run: _Run, task: Task) -> None:
         for ready in run.state.get_ready_tasks():
-            heapq.heappush(self._heap, (ready, next(self._order), run))
+            self._push(run, ready)
 
     def _complete(self, run: _Run, task: Task, node: GraphNode, value: Value, start: float) -> None:
         result = TaskResult(node.id, value, (time.perf_counter() - start) * 1000.0, task.retry_count)
@@ -300,15 +307,23 @@ def _alias_capacity(manager: Any, alias: str) -> int | None:
         endpoints = manager.endpoints(alias)
     except Exception:
         return None
-    caps = [getattr(e, "max_concurrent", None) for e in endpoints]
-    return None if any(c is None for c in caps) else sum(caps)
+    caps: list[int | None] = [getattr(e, "max_concurrent", None) for e in endpoints]
+    if not caps or any(c is None for c in caps):
+        return None
+    return sum(int(c or 0) for c in caps)
+
+
+_hook_tasks: set[asyncio.Future[Any]] = set()
 
 
 def _call_hook(hook: Callable[..., Any], *args: Any) -> None:
     try:
         result = hook(*args)
         if inspect.isawaitable(result):
-            asyncio.ensure_future(result)
+            # keep a reference until done: the loop holds only weak references to tasks
+            future = asyncio.ensure_future(result)
+            _hook_tasks.add(future)
+            future.add_done_callback(_hook_tasks.discard)
     except Exception:  # a user's callback must not break the run
         log.exception("execution callback %r failed", hook)
 

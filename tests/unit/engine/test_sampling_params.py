@@ -43,7 +43,10 @@ def test_greedy_resets_truncation() -> None:
         ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\]"),
         ({"frequency_penalty": -3.0}, r"frequency_penalty must be in \[-2, 2\]"),
         ({"min_tokens": -1}, "min_tokens must be >= 0"),
-        ({"min_tokens": 5, "max_tokens": 4}, r"min_tokens \(5\) must be less than or equal to max_tokens \(4\)"),
+        (
+            {"min_tokens": 5, "max_tokens": 4},
+            r"min_tokens \(5\) must be less than or equal to max_tokens \(4\)",
+        ),
         ({"logprobs": -1}, "logprobs must be >= 0"),
         ({"stop": ["ok", ""]}, "stop must not contain empty strings"),
         ({"stop_token_ids": [-1]}, "stop_token_ids must be non-negative"),

