@@ -26,7 +26,9 @@ class QueueFullError(RuntimeError):
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    max_waiting: int | None = None  # None: unbounded (offline batches); servers should set a bound
+    # Bound on queued sequences checked by add(); preempted ones re-enter regardless. None: unbounded
+    # (offline batches add everything at once); servers should set it.
+    max_waiting: int | None = None
     policy: Literal["fcfs", "priority"] = "fcfs"
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int | None = None  # cap on one sequence's prefill chunk per step
@@ -196,22 +198,24 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = self._chunk(seq, seq.num_uncomputed_tokens, budget)
-            while n and not self.block_manager.allocate_slots(seq, n):
+            if n == 0:  # an unsplittable prefill that does not fit what is left of the budget
+                continue
+            # Out of blocks: preempt the lowest-ranked running sequence, possibly this one, until it fits.
+            while not self.block_manager.allocate_slots(seq, n):
                 victim = self._victim()
                 budget += self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                if n:
-                    budget -= self._schedule_seq(seq, n, out)
+                budget -= self._schedule_seq(seq, n, out)
 
         # Admissions, in policy order. Not after preempting above: memory is short and admitting would
         # thrash. The priority policy may still preempt lower-ranked running sequences for a waiting one.
         may_admit = not out.preempted
+        seats_used = self._seats_in_use()
         while may_admit and len(self.waiting) and budget > 0:
             seq = self.waiting.peek()
-            seats = 1 + len(self._pending_forks.get(seq.seq_id, ()))
-            if len(self.running) + seats <= self.config.max_num_seqs:
+            if seats_used + self._seats(seq) <= self.config.max_num_seqs:
                 hits = self.block_manager.find_cached_blocks(seq)
                 num_hit_tokens = len(hits) * self.block_manager.block_size
                 n = self._chunk(seq, seq.num_tokens - num_hit_tokens, budget, computed=num_hit_tokens)
@@ -222,6 +226,7 @@ class Scheduler:
                     seq.status = SequenceStatus.RUNNING
                     self.running.append(seq)
                     budget -= self._schedule_seq(seq, n, out)
+                    seats_used += self._seats(seq)
                     self._maybe_fork(seq)
                     continue
             # No seat or no blocks for the head of the queue.
@@ -229,6 +234,7 @@ class Scheduler:
             if returned is None:
                 break
             budget += returned
+            seats_used = self._seats_in_use()
         return out
 
     def update(
@@ -287,6 +293,13 @@ class Scheduler:
         if remaining > 1 and self.config.long_prefill_token_threshold:
             remaining = min(remaining, self.config.long_prefill_token_threshold)
         return min(remaining, budget)
+
+    def _seats(self, seq: Sequence) -> int:
+        """Running slots ``seq`` takes: its own and those its children will take once forked."""
+        return 1 + len(self._pending_forks.get(seq.seq_id, ()))
+
+    def _seats_in_use(self) -> int:
+        return sum(self._seats(s) for s in self.running)
 
     def _fork_point(self, seq: Sequence) -> int:
         """Prompt tokens in full blocks that children can share: all but the block with the last token."""

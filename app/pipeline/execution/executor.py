@@ -85,9 +85,32 @@ def _bound_manager(module: Any) -> Any:
         return resources
     cached = module.__dict__.get("_bound_manager")
     if cached is None or cached[0] is not resources:
-        cached = (resources, make_manager(resources))
+        cached = (resources, _SharedManager(make_manager(resources)))
         object.__setattr__(module, "_bound_manager", cached)
     return cached[1]
+
+
+class _SharedManager:
+    """A bound module's manager: rate limits persist across calls; connections close when the last concurrent
+    call ends (the manager reopens them on the next call)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.users = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.manager, name)
+
+    async def complete(self, alias: str, request: Any) -> Any:
+        return await self.manager.complete(alias, request)
+
+    def acquire(self) -> None:
+        self.users += 1
+
+    async def release(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            await self.manager.aclose()
 
 
 class _Session:
@@ -98,6 +121,8 @@ class _Session:
         resources = config.resources
         self.owns_manager = resources is not None and not is_manager(resources)
         self.manager = make_manager(resources) if self.owns_manager else resources
+        if isinstance(self.manager, _SharedManager):
+            self.manager.acquire()
         self.execution_id = config.execution_id or uuid.uuid4().hex
         self.profiler = config.profiler
         self.owns_profiler = False
@@ -168,6 +193,8 @@ class _Session:
             self.profiler.save(path)
         if self.owns_manager and self.manager is not None:
             await self.manager.aclose()
+        elif isinstance(self.manager, _SharedManager):
+            await self.manager.release()
 
 
 def outputs_of(state: ExecutionState) -> Any:

@@ -150,9 +150,9 @@ class ExecutionSettings:
         if self._token is not None:
             _CURRENT.reset(self._token)
             self._token = None
-        if self._manager is not None:
-            # a sync block cannot await; close the clients' sessions if a loop still runs, else drop them
-            self._manager = None
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            _close_soon(manager)
 
     async def __aenter__(self) -> Self:
         return self.__enter__()
@@ -175,6 +175,23 @@ class ExecutionSettings:
     @property
     def profiler(self) -> Any:
         return self._own_profiler
+
+
+_closing: set[Any] = set()
+
+
+def _close_soon(manager: Any) -> None:
+    """A sync ``with`` block cannot await: close the manager's connections on the running loop, or right away."""
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(manager.aclose())
+        return
+    task = loop.create_task(manager.aclose())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 def get_execution_settings() -> ExecutionSettings | None:
