@@ -48,22 +48,10 @@ class GraphNode:
     module_name: str = ""
     module_path: str = ""
 
-    @property
-    def kind(self) -> str:
-        """``input``, ``op`` (F.*), ``llm`` (an LLMInference) or ``module`` (a leaf module's Python forward)."""
-        from app.pipeline.module import LLMInference
-
-        if isinstance(self.module, InputNode):
-            return "input"
-        if isinstance(self.module, OpNode):
-            return "op"
-        if isinstance(self.module, LLMInference):
-            return "llm"
-        return "module"
-
-    @property
-    def alias(self) -> str | None:
-        return getattr(self.module, "alias", None) if self.kind == "llm" else None
+    def __post_init__(self) -> None:
+        self.kind = _node_kind(self.module)
+        # the scheduler reads these on every dispatch: compute them once
+        self.alias: str | None = getattr(self.module, "alias", None) if self.kind == "llm" else None
 
     def config(self) -> dict[str, Any]:
         if isinstance(self.module, InputNode):
@@ -71,6 +59,19 @@ class GraphNode:
         if isinstance(self.module, OpNode):
             return {"op": self.module.name}
         return dict(self.module.node_config())
+
+
+def _node_kind(module: Any) -> str:
+    """``input``, ``op`` (F.*), ``llm`` (an LLMInference) or ``module`` (a leaf module's Python forward)."""
+    from app.pipeline.module import LLMInference
+
+    if isinstance(module, InputNode):
+        return "input"
+    if isinstance(module, OpNode):
+        return "op"
+    if isinstance(module, LLMInference) or (isinstance(module, UnboundModule) and "alias" in module.config_data):
+        return "llm"
+    return "module"
 
 
 @dataclass

@@ -53,11 +53,12 @@ class Module:
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, Module | Parameter):
             self._ensure_init()
-            self._modules.pop(name, None)
-            self._parameters.pop(name, None)
+            # assigning over an existing entry keeps its position (ModuleList[i] = m, Sequential order)
             if isinstance(value, Module):
+                self._parameters.pop(name, None)
                 self._modules[name] = value
             else:
+                self._modules.pop(name, None)
                 self._parameters[name] = value
             # object.__setattr__: going through Module.__setattr__ would register the parent as a child
             object.__setattr__(value, "_name", name)
@@ -150,9 +151,11 @@ class Module:
         return self.train(False)
 
     def requires_grad_(self, requires_grad: bool = True) -> Self:
-        for param in self.parameters():
+        params = list(self.parameters())
+        for param in params:  # check them all first, so a failure leaves every flag as it was
             if requires_grad and not param.description:
                 raise ValueError(f"parameter {param.name} has no description and cannot be made learnable")
+        for param in params:
             param.requires_grad = requires_grad
         return self
 
@@ -259,7 +262,10 @@ class LLMInference(Module):
         if isinstance(system_prompt, Parameter):
             self.system_prompt = system_prompt
         else:
-            self.system_prompt = Parameter(system_prompt, description=None, requires_grad=False)
+            # frozen, but described, so that requires_grad_(True) can make it learnable like any other prompt
+            self.system_prompt = Parameter(
+                system_prompt, description=f"System prompt of the LLM call (alias {alias!r})", requires_grad=False
+            )
 
     def node_config(self) -> dict[str, Any]:
         fmt = self.response_format
@@ -287,6 +293,13 @@ class LLMInference(Module):
 
 
 # -- containers -----------------------------------------------------------------------------------------------
+def _checked(container: Module, item: Any, kind: type) -> Any:
+    """Containers hold only modules (or parameters): anything else would silently become a plain attribute."""
+    if not isinstance(item, kind):
+        raise TypeError(f"{type(container).__name__} holds {kind.__name__}s, got {type(item).__name__}")
+    return item
+
+
 class Sequential(Module):
     """Calls its children in order, each on the previous one's output."""
 
@@ -294,7 +307,7 @@ class Sequential(Module):
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], dict):
             for name, child in modules[0].items():
-                setattr(self, name, child)
+                setattr(self, name, _checked(self, child, Module))
         else:
             for index, item in enumerate(modules):
                 if not isinstance(item, Module):
@@ -323,7 +336,7 @@ class ModuleList(Module):
             self.append(module)
 
     def append(self, module: Module) -> Self:
-        setattr(self, str(len(self._modules)), module)
+        setattr(self, str(len(self._modules)), _checked(self, module, Module))
         return self
 
     def extend(self, modules: list[Module]) -> Self:
@@ -336,7 +349,7 @@ class ModuleList(Module):
 
     def __setitem__(self, index: int, module: Module) -> None:
         key = list(self._modules)[index]
-        setattr(self, key, module)
+        setattr(self, key, _checked(self, module, Module))
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -358,7 +371,7 @@ class ModuleDict(Module):
         return self._modules[key]
 
     def __setitem__(self, key: str, module: Module) -> None:
-        setattr(self, key, module)
+        setattr(self, key, _checked(self, module, Module))
 
     def __contains__(self, key: object) -> bool:
         return key in self._modules
@@ -389,7 +402,7 @@ class ParameterList(Module):
             self.append(param)
 
     def append(self, param: Parameter) -> Self:
-        setattr(self, str(len(self._parameters)), param)
+        setattr(self, str(len(self._parameters)), _checked(self, param, Parameter))
         return self
 
     def __getitem__(self, index: int) -> Parameter:
@@ -415,7 +428,7 @@ class ParameterDict(Module):
         return self._parameters[key]
 
     def __setitem__(self, key: str, param: Parameter) -> None:
-        setattr(self, key, param)
+        setattr(self, key, _checked(self, param, Parameter))
 
     def __contains__(self, key: object) -> bool:
         return key in self._parameters

@@ -143,9 +143,9 @@ def valueify(x: Any, kind: ValueKind | None = None) -> Any:
 
 
 def unwrap(x: Any) -> Any:
-    """The raw payloads of Values, recursively through dicts, lists and tuples."""
+    """The raw payloads of Values, recursively through dicts, lists and tuples (payloads included)."""
     if isinstance(x, Value):
-        return x.payload
+        return unwrap(x.payload)
     if isinstance(x, dict):
         return {k: unwrap(v) for k, v in x.items()}
     if isinstance(x, list):

@@ -13,6 +13,8 @@ from typing import Any
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[Any]]
 
+_EPS = 1e-9  # seconds / tokens: float noise below this is "now" (a fake clock could otherwise spin forever)
+
 
 @dataclass(slots=True)
 class RateLimiterStats:
@@ -104,16 +106,13 @@ class RateLimiter:
     def _refill(self, now: float) -> None:
         elapsed = now - self._last
         if elapsed > 0:
-            # While callers queue, allow one token beyond capacity so a head waiter that woke a little late keeps
-            # the schedule instead of losing the lateness; an idle bucket still caps at max_tokens (no burst).
-            cap = self.max_tokens + 1.0 if self._waiters else self.max_tokens
-            self._tokens = min(cap, self._tokens + elapsed * self._rate)
+            self._tokens = min(self.max_tokens, self._tokens + elapsed * self._rate)
             self._last = now
 
     def _delay(self, now: float) -> float:
-        """Seconds until a token may be taken (<= 0: now)."""
+        """Seconds until a token may be taken (<= _EPS: now)."""
         self._refill(now)
-        delay = (1.0 - self._tokens) / self._rate if self._tokens < 1.0 else 0.0
+        delay = (1.0 - self._tokens) / self._rate if self._tokens < 1.0 - _EPS else 0.0
         return max(delay, self._blocked_until - now)
 
     # -- acquire -----------------------------------------------------------------------------------------------
@@ -121,7 +120,7 @@ class RateLimiter:
     async def acquire(self) -> float:
         """Wait for a token; returns the seconds spent waiting."""
         start = self._clock()
-        if not self._waiters and self._delay(start) <= 0:
+        if not self._waiters and self._delay(start) <= _EPS:
             self._take(start, 0.0)
             return 0.0
         loop = asyncio.get_running_loop()
@@ -129,19 +128,25 @@ class RateLimiter:
         self._waiters.append(me)
         if len(self._waiters) == 1:
             me.set_result(None)  # head of the queue straight away
+        target: float | None = None
         try:
             await me  # resolved when this waiter reaches the head
             while True:
                 now = self._clock()
-                delay = self._delay(now)
-                if delay <= 0:
+                at = now
+                if target is not None and now > target:
+                    # Woke late: account the token at its scheduled time, so the lateness is credited to the
+                    # next waiter (up to max_tokens) instead of being lost and dragging the rate down.
+                    at = max(target, self._last)
+                delay = self._delay(at)
+                if delay <= _EPS:
                     break
-                await self._sleep(delay)
+                target = at + delay
+                await self._sleep(max(0.0, target - now))
         finally:
             self._leave(me)
-        now = self._clock()
-        waited = max(0.0, now - start)
-        self._take(now, waited)
+        waited = max(0.0, self._clock() - start)
+        self._take(at, waited)
         return waited
 
     def _take(self, now: float, waited: float) -> None:

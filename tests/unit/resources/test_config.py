@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.timeout(15)
+
 from app.pipeline.resources import ConfigurationError, EndpointConfig, ResourceConfig
 
 

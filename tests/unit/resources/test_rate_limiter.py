@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.timeout(15)
+
 from app.pipeline.resources import RateLimiter
 
 
@@ -57,6 +59,20 @@ async def test_waiters_are_served_in_arrival_order_without_polling() -> None:
     assert [t - 1000.0 for _, t in order] == pytest.approx([0, 0.5, 1.0, 1.5, 2.0, 2.5])
     # Only the head of the queue sleeps, once per token: no busy loop.
     assert len(clock.sleeps) == 5
+
+
+async def test_late_wakeups_do_not_slow_the_rate() -> None:
+    clock = FakeClock()
+    lim = make(clock, rpm=60)
+
+    async def oversleep(seconds: float) -> None:  # a busy event loop wakes the head 0.3 s late every time
+        clock.now += seconds + 0.3
+        await asyncio.sleep(0)
+
+    lim._sleep = oversleep
+    await asyncio.gather(*(lim.acquire() for _ in range(11)))
+    # 10 intervals of 1 s plus a single 0.3 s of lateness, not 10 x 1.3 s.
+    assert clock.now - 1000.0 == pytest.approx(10.3)
 
 
 async def test_idle_bucket_holds_at_most_max_tokens() -> None:
