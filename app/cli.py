@@ -24,7 +24,7 @@ def _root() -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_BAD_INPUT)
 
 

@@ -201,6 +201,9 @@ def _structured_reply(response_format: Any, prompt: str) -> str | None:
     return None
 
 
+STATE_KEY: web.AppKey[_FakeState] = web.AppKey("fake_llm_state", _FakeState)
+
+
 def build_app(state: _FakeState | None = None, behaviour: FakeBehaviour | None = None) -> web.Application:
     """The aiohttp application; ``state`` is shared with the owner so that it can configure and read it."""
     st = state if state is not None else _FakeState(behaviour or FakeBehaviour())
@@ -408,7 +411,7 @@ def build_app(state: _FakeState | None = None, behaviour: FakeBehaviour | None =
         return web.json_response({"ok": True})
 
     app = web.Application()
-    app["state"] = st
+    app[STATE_KEY] = st
     app.on_startup.append(on_startup)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
@@ -608,7 +611,7 @@ async def _serve_forever(host: str, port: int, behaviour: FakeBehaviour) -> None
         loop.add_signal_handler(sig, stop.set)
     print(f"READY {_base_url(host, sock.getsockname()[1])}", flush=True)
     await stop.wait()
-    state: _FakeState = runner.app["state"]
+    state = runner.app[STATE_KEY]
     if state.stopping is not None:
         state.stopping.set()
     await runner.cleanup()

@@ -150,7 +150,7 @@ async def test_5xx_is_transient(server: FakeLLMServer) -> None:
 async def test_hang_times_out_as_transient(server: FakeLLMServer) -> None:
     async with client_for(server, timeout=0.3) as client:
         started = time.perf_counter()
-        with pytest.raises(TransientError, match="timed out after 0.3s"):
+        with pytest.raises(TransientError, match=r"timed out after 0\.3s"):
             await client.complete(LLMRequest("wait [[hang]]"))
         assert time.perf_counter() - started < 2.0
         server.configure(hang=True, hang_seconds=1.0)
@@ -233,7 +233,7 @@ async def test_fake_server_other_routes_and_control_api(server: FakeLLMServer) -
         async with http.get(f"{root}/_stats") as r:
             stats = await r.json()
         assert stats["total"] == 4 and stats["by_status"] == {"200": 3, "400": 1}
-        assert stats["prompts"] == {"b": 0} | {"c": 1, "hi": 2} or stats["prompts"] == {"c": 1, "hi": 2}
+        assert stats["prompts"] == {"c": 1, "hi": 2}  # the last prompt of /v1/completions, the chat twice
         async with http.post(f"{root}/_reset") as r:
             assert r.status == 200
     assert server.stats()["total"] == 0

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(15)
-
 from app.pipeline.resources import ConfigurationError, EndpointConfig, ResourceConfig
+
+pytestmark = pytest.mark.timeout(15)
 
 
 def test_positional_and_keyword_construction_are_equal() -> None:

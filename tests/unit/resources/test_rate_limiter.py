@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.timeout(15)
-
 from app.pipeline.resources import RateLimiter
+
+pytestmark = pytest.mark.timeout(15)
 
 
 class FakeClock:
