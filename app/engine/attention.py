@@ -6,15 +6,19 @@ fixed-size blocks of a per-layer cache ``[2, num_blocks, block_size, num_kv_head
 lists the physical blocks in order, so logical position ``p`` is slot ``table[p // block_size] * block_size +
 p % block_size``.
 
-The metadata precomputes, once per step, everything the 30-odd layers share (gather indices, masks), so a layer
-does only tensor work: write the new K/V by ``slot_mapping``, then
+The metadata precomputes, once per step, everything the layers share (gather indices, masks), so a layer does
+only tensor work: write the new K/V by ``slot_mapping``, then
 
-* all sequences with one query token (decodes, and any 1-token chunk) go through ONE batched SDPA call over their
-  gathered blocks with a padding mask; grouped-query heads ride in the query-length axis, so K/V are never
-  repeated;
+* sequences with one query token (decodes, and any 1-token chunk) run through batched SDPA calls over their
+  gathered blocks with a padding mask. Grouped-query heads ride in the query-length axis, so K/V are never
+  repeated. Decodes are sorted by context length and cut into a few groups when that saves padded work (a
+  short sequence batched with a long one would otherwise attend over the long one's padding);
 * a sequence with several query tokens and nothing cached attends to its own new K/V with ``is_causal``;
-* any other sequence (chunked prefill, prefix-cache hit) gathers its context and uses a causal mask offset by the
-  cached prefix: query ``i`` sits at position ``ctx_len - q_len + i`` and sees keys ``<=`` that position.
+* any other sequence (chunked prefill, prefix-cache hit) gathers its context and uses a causal mask offset by
+  the cached prefix: query ``i`` sits at position ``ctx_len - q_len + i`` and sees keys ``<=`` that position.
+
+Gathered K/V go into a reusable :class:`AttentionWorkspace`: a fresh multi-megabyte tensor per layer per step
+costs more in page faults than the copy itself.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.config import ModelConfig
+
+# Decode batches are split by context length into at most this many SDPA calls...
+MAX_DECODE_GROUPS = 4
+# ...and only when a split saves at least this fraction of the padded key slots.
+_MIN_GROUP_SAVING = 0.15
 
 
 def allocate_kv_cache(
@@ -53,6 +62,33 @@ def allocate_kv_cache(
         device=device,
     )
     return list(full.unbind(0))
+
+
+class AttentionWorkspace:
+    """Grow-only scratch buffers for gathered K/V, reused by every layer and step of one model."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, rows: int, row_numel: int, like: torch.Tensor) -> torch.Tensor:
+        """A ``[rows, row_numel]`` view of buffer ``name`` (contents undefined)."""
+        need = rows * row_numel
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < need or buf.dtype != like.dtype or buf.device != like.device:
+            # 25% headroom so a slowly growing context does not reallocate every step.
+            buf = torch.empty(need + need // 4, dtype=like.dtype, device=like.device)
+            self._buffers[name] = buf
+        return buf[:need].view(rows, row_numel)
+
+
+@dataclass
+class _DecodeGroup:
+    """Single-query sequences attended together: one gather and one SDPA call per layer."""
+
+    rows: torch.Tensor | None  # their query rows in the flat batch; None = all rows, in order
+    block_ids: torch.Tensor  # [n * blocks_per_seq] physical blocks to gather
+    mask: torch.Tensor  # [n, 1, 1, width] additive: 0 where a key exists, -inf on padding
+    width: int  # gathered key slots per sequence (blocks_per_seq * block_size)
 
 
 @dataclass
@@ -84,11 +120,9 @@ class AttentionMetadata:
     num_tokens: int = field(init=False)
     max_query_len: int = field(init=False)
     max_context_len: int = field(init=False)
-    # Precomputed per step (see _prepare): decode group and prefill sequences.
-    decode_rows: torch.Tensor | None = field(init=False, default=None, repr=False)
-    decode_block_ids: torch.Tensor | None = field(init=False, default=None, repr=False)
-    decode_mask: torch.Tensor | None = field(init=False, default=None, repr=False)
-    decode_width: int = field(init=False, default=0)
+    # Set by the model for the duration of its forward (scratch for gathers); None allocates per call.
+    workspace: AttentionWorkspace | None = field(default=None, repr=False)
+    decode_groups: list[_DecodeGroup] = field(init=False, default_factory=list, repr=False)
     prefills: list[_PrefillSeq] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +136,8 @@ class AttentionMetadata:
         for i, (q, c) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
             if q <= 0 or c < q:
                 raise ValueError(f"sequence {i}: need 0 < query_len <= context_len, got {q} and {c}")
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.block_tables.dim() != 2 or self.block_tables.shape[0] != n:
             raise ValueError(f"block_tables must be [{n}, max_blocks], got {tuple(self.block_tables.shape)}")
         need = -(-max(self.context_lens) // self.block_size)
@@ -109,16 +145,13 @@ class AttentionMetadata:
             raise ValueError(f"block_tables has {self.block_tables.shape[1]} columns, context needs {need}")
         self.num_tokens = sum(self.query_lens)
         if self.slot_mapping.shape != (self.num_tokens,):
-            raise ValueError(
-                f"slot_mapping must be [{self.num_tokens}], got {tuple(self.slot_mapping.shape)}"
-            )
+            raise ValueError(f"slot_mapping must be [{self.num_tokens}], got {tuple(self.slot_mapping.shape)}")
         self.slot_mapping = self.slot_mapping.long()
         self.block_tables = self.block_tables.long()
-        device = self.slot_mapping.device
         cu = [0]
         for q in self.query_lens:
             cu.append(cu[-1] + q)
-        self.cu_seqlens_q = torch.tensor(cu, dtype=torch.long, device=device)
+        self.cu_seqlens_q = torch.tensor(cu, dtype=torch.long, device=self.slot_mapping.device)
         self.max_query_len = max(self.query_lens)
         self.max_context_len = max(self.context_lens)
         self._prepare(cu)
@@ -142,8 +175,11 @@ class AttentionMetadata:
         device: torch.device | str = "cpu",
     ) -> AttentionMetadata:
         """Metadata from Python lists; computes ``slot_mapping`` for the new tokens of each sequence."""
-        if len(block_tables) != len(query_lens):
-            raise ValueError(f"{len(query_lens)} sequences but {len(block_tables)} block tables")
+        if len(block_tables) != len(query_lens) or len(context_lens) != len(query_lens):
+            raise ValueError(
+                f"{len(query_lens)} query_lens, {len(context_lens)} context_lens and "
+                f"{len(block_tables)} block tables: need one of each per sequence"
+            )
         slots: list[int] = []
         for table, q, c in zip(block_tables, query_lens, context_lens, strict=True):
             if -(-c // block_size) > len(table):
@@ -167,19 +203,22 @@ class AttentionMetadata:
         tables = self.block_tables.clamp(min=0)
         decode = [i for i, q in enumerate(self.query_lens) if q == 1]
         if decode:
-            ctx = torch.tensor([self.context_lens[i] for i in decode], dtype=torch.long, device=device)
-            nblocks = -(-max(self.context_lens[i] for i in decode) // bs)
-            rows = torch.tensor(decode, dtype=torch.long, device=device)
-            sub = tables if len(decode) == self.num_seqs else tables.index_select(0, rows)
-            self.decode_block_ids = sub[:, :nblocks].reshape(-1).contiguous()
-            self.decode_width = nblocks * bs
-            keep = torch.arange(self.decode_width, device=device)[None, :] < ctx[:, None]
-            # Additive mask [B, 1, 1, S]: broadcasts over kv heads and the grouped query heads.
-            self.decode_mask = torch.zeros(len(decode), 1, 1, self.decode_width, device=device).masked_fill_(
-                ~keep[:, None, None, :], float("-inf")
-            )
-            if len(decode) != self.num_seqs:
-                self.decode_rows = torch.tensor([cu[i] for i in decode], dtype=torch.long, device=device)
+            all_in_order = len(decode) == self.num_seqs
+            for group in _split_by_context(decode, self.context_lens, bs):
+                ctx = torch.tensor([self.context_lens[i] for i in group], dtype=torch.long, device=device)
+                nblocks = -(-max(self.context_lens[i] for i in group) // bs)
+                seqs = torch.tensor(group, dtype=torch.long, device=device)
+                width = nblocks * bs
+                keep = torch.arange(width, device=device)[None, :] < ctx[:, None]
+                # [n, 1, 1, width] broadcasts over kv heads and the grouped query heads.
+                mask = torch.zeros(len(group), 1, 1, width, device=device).masked_fill_(
+                    ~keep[:, None, None, :], float("-inf")
+                )
+                rows = None
+                if not (all_in_order and len(group) == self.num_seqs):
+                    rows = torch.tensor([cu[i] for i in group], dtype=torch.long, device=device)
+                block_ids = tables.index_select(0, seqs)[:, :nblocks].reshape(-1).contiguous()
+                self.decode_groups.append(_DecodeGroup(rows, block_ids, mask, width))
         for i, (q, c) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
             if q == 1:
                 continue
@@ -192,13 +231,37 @@ class AttentionMetadata:
             self.prefills.append(_PrefillSeq(cu[i], q, c, block_ids, mask))
 
 
-def write_kv(
-    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
+def _split_by_context(seqs: list[int], context_lens: list[int], block_size: int) -> list[list[int]]:
+    """Cut decodes into at most MAX_DECODE_GROUPS groups of similar context (fewer padded keys to attend)."""
+    if len(seqs) < 2 * 8:  # small batches: one call is cheaper than the saving
+        return [seqs]
+    order = sorted(seqs, key=lambda i: context_lens[i])
+    blocks = [-(-context_lens[i] // block_size) for i in order]
+    best, best_cost = [seqs], len(order) * blocks[-1]  # one group keeps batch order (no row scatter)
+    for groups in range(2, MAX_DECODE_GROUPS + 1):
+        cuts = [len(order) * g // groups for g in range(groups + 1)]
+        cost = sum((cuts[g + 1] - cuts[g]) * blocks[cuts[g + 1] - 1] for g in range(groups))
+        if cost < best_cost * (1 - _MIN_GROUP_SAVING):
+            best = [order[cuts[g] : cuts[g + 1]] for g in range(groups)]
+            best_cost = cost
+    return best
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots of ``kv_cache``."""
     _, _, _, kvh, hd = kv_cache.shape
     kv_cache[0].view(-1, kvh, hd).index_copy_(0, slot_mapping, key)
     kv_cache[1].view(-1, kvh, hd).index_copy_(0, slot_mapping, value)
+
+
+def _gather(
+    blocks: torch.Tensor, ids: torch.Tensor, name: str, workspace: AttentionWorkspace | None
+) -> torch.Tensor:
+    """Rows ``ids`` of ``blocks [num_blocks, block_numel]``: one memcpy per block, into reusable scratch."""
+    if workspace is None:
+        return blocks.index_select(0, ids)
+    out = workspace.get(name, ids.numel(), blocks.shape[1], blocks)
+    return torch.index_select(blocks, 0, ids, out=out)
 
 
 def paged_attention(
@@ -212,16 +275,16 @@ def paged_attention(
     """Attention of a flat batch over the paged cache.
 
     ``query`` is ``[T, heads, head_dim]``, ``key``/``value`` ``[T, kv_heads, head_dim]`` (the new tokens, RoPE
-    applied). Returns ``[T, heads * head_dim]``, rows in batch order.
+    applied). Writes the new K/V into ``kv_cache`` and returns ``[T, heads * head_dim]``, rows in batch order.
     """
     num_tokens, num_heads, head_dim = query.shape
-    _, _, block_size, kvh, _ = kv_cache.shape
+    num_blocks, block_size, kvh = kv_cache.shape[1], kv_cache.shape[2], kv_cache.shape[3]
     if block_size != meta.block_size:
         raise ValueError(f"cache block size {block_size} != metadata block size {meta.block_size}")
     group = num_heads // kvh
     write_kv(kv_cache, key, value, meta.slot_mapping)
 
-    # Fast path: one sequence, nothing cached (a plain prefill): no cache read at all.
+    # Fast path: one sequence, nothing cached (a plain prefill): attend to the new K/V, no cache read.
     if meta.num_seqs == 1 and meta.prefills and meta.prefills[0].block_ids is None:
         out = F.scaled_dot_product_attention(
             query.transpose(0, 1).unsqueeze(0),
@@ -233,30 +296,26 @@ def paged_attention(
         )
         return out[0].transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 
-    k_blocks = kv_cache[0].view(kv_cache.shape[1], -1)  # [num_blocks, block_size * kvh * hd]
-    v_blocks = kv_cache[1].view(kv_cache.shape[1], -1)
-
-    decode_out: torch.Tensor | None = None
-    if meta.decode_block_ids is not None:
-        assert meta.decode_mask is not None
-        ids = meta.decode_block_ids
-        batch = meta.decode_mask.shape[0]
-        width = meta.decode_width
-        # Row-wise index_select of whole blocks is a memcpy per block: several times faster than fancy indexing.
-        k = k_blocks.index_select(0, ids).view(batch, width, kvh, head_dim).transpose(1, 2)
-        v = v_blocks.index_select(0, ids).view(batch, width, kvh, head_dim).transpose(1, 2)
-        q = query if meta.decode_rows is None else query.index_select(0, meta.decode_rows)
+    k_blocks = kv_cache[0].view(num_blocks, -1)  # [num_blocks, block_size * kv_heads * head_dim]
+    v_blocks = kv_cache[1].view(num_blocks, -1)
+    ws = meta.workspace
+    out: torch.Tensor | None = None
+    for dg in meta.decode_groups:
+        n = dg.mask.shape[0]
+        k = _gather(k_blocks, dg.block_ids, "k", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
+        v = _gather(v_blocks, dg.block_ids, "v", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
+        q = query if dg.rows is None else query.index_select(0, dg.rows)
         # GQA without repeating K/V: the `group` query heads of one kv head act as `group` query positions.
-        q = q.reshape(batch, kvh, group, head_dim)
-        decode_out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scale)
-        decode_out = decode_out.reshape(batch, num_heads * head_dim)
-        if meta.decode_rows is None:
-            return decode_out
+        o = F.scaled_dot_product_attention(q.reshape(n, kvh, group, head_dim), k, v, attn_mask=dg.mask, scale=scale)
+        o = o.reshape(n, num_heads * head_dim)
+        if dg.rows is None:
+            return o  # the whole batch was this one group
+        if out is None:
+            out = query.new_empty(num_tokens, num_heads * head_dim)
+        out.index_copy_(0, dg.rows, o)
 
-    out = query.new_empty(num_tokens, num_heads * head_dim)
-    if decode_out is not None:
-        assert meta.decode_rows is not None
-        out.index_copy_(0, meta.decode_rows, decode_out)
+    if out is None:
+        out = query.new_empty(num_tokens, num_heads * head_dim)
     for seq in meta.prefills:
         rows = slice(seq.start, seq.start + seq.q_len)
         q = query[rows].transpose(0, 1).unsqueeze(0)
@@ -266,8 +325,8 @@ def paged_attention(
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=group > 1)
         else:
             n = seq.block_ids.numel() * block_size
-            k = k_blocks.index_select(0, seq.block_ids).view(n, kvh, head_dim)[: seq.ctx_len]
-            v = v_blocks.index_select(0, seq.block_ids).view(n, kvh, head_dim)[: seq.ctx_len]
+            k = _gather(k_blocks, seq.block_ids, "k", ws).view(n, kvh, head_dim)[: seq.ctx_len]
+            v = _gather(v_blocks, seq.block_ids, "v", ws).view(n, kvh, head_dim)[: seq.ctx_len]
             o = F.scaled_dot_product_attention(
                 q,
                 k.transpose(0, 1).unsqueeze(0),

@@ -293,9 +293,13 @@ class ModelConfig:
             scaling = RopeScaling(rope_type="linear", factor=float(meta["llama.rope.scaling.factor"]))
         else:
             raise ConfigError(f"GGUF rope scaling {scaling_type!r} is not supported (none, linear)")
+        # GGUF has no bias flags: the tensors themselves say whether biases exist.
+        names = set(tensor_names)
         return cls(
             architecture="llama",
             head_dim=head_dim,
+            attention_bias="blk.0.attn_q.bias" in names,
+            mlp_bias="blk.0.ffn_up.bias" in names,
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
             rope_scaling=scaling,

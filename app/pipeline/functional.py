@@ -23,6 +23,7 @@ from app.pipeline.values import (
     _infer_kind,
     collect_refs,
     error_value,
+    first_error_value,
     iter_values,
     unwrap,
 )
@@ -56,7 +57,9 @@ def run_op(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
             primary = errors[0]
             meta = dict(primary.meta)
             if len(errors) > 1:
-                meta["causes"] = [repr(e.payload) for e in errors[1:]]
+                causes = list(meta.get("causes", []))
+                causes.extend({"ref": e.ref, "message": str(e.payload)} for e in errors[1:])
+                meta["causes"] = causes
             return Value(ValueKind.ERROR, primary.payload, primary.ref, meta)
     try:
         return _as_value(impl(*args, **kwargs))
@@ -147,7 +150,7 @@ def format(fmt: Any, vars: Any = None) -> Value:
 
 @_op("strip")
 def strip(text: Any, chars: str | None = None) -> Value:
-    return Value(ValueKind.TEXT, _text(text).strip(chars))
+    return Value(ValueKind.TEXT, _text(text).strip(unwrap(chars)))
 
 
 @_op("lower")
@@ -193,7 +196,9 @@ def select(struct: Any, key_or_path: Any, default: Any = _MISSING) -> Value:
     current = unwrap(struct)
     for part in _path(key_or_path):
         try:
-            if isinstance(current, dict) or (isinstance(current, list | tuple) and isinstance(part, int)):
+            if isinstance(current, dict) and isinstance(part, int) and part not in current:
+                current = current[str(part)]  # "a.0" splits into ["a", 0]: a key "0" still matches
+            elif isinstance(current, dict) or (isinstance(current, list | tuple) and isinstance(part, int)):
                 current = current[part]
             elif isinstance(part, str) and hasattr(current, part) and not isinstance(current, str | bytes):
                 current = getattr(current, part)
@@ -278,29 +283,35 @@ def div(a: Any, b: Any) -> Value:
     return Value(ValueKind.FLOAT, _number(a) / divisor)
 
 
-def _numbers(values: tuple[Any, ...]) -> list[int | float]:
+def _numbers(values: tuple[Any, ...], allow_empty: bool = False) -> list[int | float]:
     items: Any = values
     if len(values) == 1 and isinstance(unwrap(values[0]), list | tuple):
         items = unwrap(values[0])
     numbers = [_number(v) for v in items]
-    if not numbers:
+    if not numbers and not allow_empty:
         raise ValueError("no values given")
     return numbers
 
 
 @_op("sum")
 def sum(*values: Any) -> Value:
-    return Value(ValueKind.FLOAT, float(math.fsum(_numbers(values))))
+    """INT when every input is an int (the sum of nothing is 0), else FLOAT."""
+    numbers = _numbers(values, allow_empty=True)
+    if all(isinstance(n, int) for n in numbers):
+        return Value(ValueKind.INT, builtins.sum(numbers))
+    return Value(ValueKind.FLOAT, float(math.fsum(numbers)))
 
 
 @_op("min")
 def min(*values: Any) -> Value:
-    return Value(ValueKind.FLOAT, float(builtins.min(_numbers(values))))
+    numbers = _numbers(values)
+    return _numeric(builtins.min(numbers), *numbers)
 
 
 @_op("max")
 def max(*values: Any) -> Value:
-    return Value(ValueKind.FLOAT, float(builtins.max(_numbers(values))))
+    numbers = _numbers(values)
+    return _numeric(builtins.max(numbers), *numbers)
 
 
 @_op("mean")
@@ -315,12 +326,20 @@ def extract_text(value: Any) -> Value:
     payload = unwrap(value)
     if hasattr(payload, "content"):
         payload = payload.content
+    elif isinstance(payload, dict) and "content" in payload:
+        payload = payload["content"]
     return Value(ValueKind.TEXT, _text(payload))
+
+
+_RESPONSE_FIELDS = ("model", "finish_reason", "input_tokens", "output_tokens", "completion_time_ms")
 
 
 @_op("extract_meta")
 def extract_meta(value: Any, key: str | None = None, default: Any = None) -> Value:
-    meta = value.meta if isinstance(value, Value) else {}
+    payload = unwrap(value)
+    # a raw response object (LLMResponse) carries its token counts itself; the Value's meta wins over them
+    meta = {f: getattr(payload, f) for f in _RESPONSE_FIELDS if getattr(payload, f, None) is not None}
+    meta.update(value.meta if isinstance(value, Value) else {})
     if key is None:
         return Value(ValueKind.STRUCTURED, dict(meta))
     return _as_value(meta.get(key, default))
@@ -345,17 +364,28 @@ async def chat_complete(
     the HTTP status in ``meta["http_status"]``."""
     from app.pipeline.resources.types import LLMRequest
 
-    extra = dict(kw.pop("extra_body", {}) or {})
-    if model is not None:
-        extra["model"] = model
-    request = LLMRequest(
-        prompt=list(messages), temperature=temperature, max_tokens=max_tokens, extra_body=extra, **kw
-    )
+    failed = first_error_value(messages)
+    if failed is not None:
+        return failed
     try:
+        extra = dict(kw.pop("extra_body", {}) or {})
+        if model is not None:
+            extra["model"] = model
+        request = LLMRequest(
+            prompt=list(unwrap(messages)), temperature=temperature, max_tokens=max_tokens, extra_body=extra, **kw
+        )
         response = await client.complete(request)
-    except Exception as exc:
-        return error_value(exc, op="F.chat_complete", http_status=getattr(exc, "status", None))
+    except Exception as exc:  # never raises: the failure (and its HTTP status) is data
+        return error_value(exc, op="F.chat_complete", http_status=_http_status(exc))
     return Value(ValueKind.RESPONSE, response.content, meta=response_meta(response))
+
+
+def _http_status(exc: BaseException) -> int | None:
+    for attr in ("status", "status_code", "http_status"):  # ours, the openai SDK's, others'
+        status = getattr(exc, attr, None)
+        if isinstance(status, int):
+            return status
+    return None
 
 
 def response_meta(response: Any) -> dict[str, Any]:
@@ -374,7 +404,9 @@ def unwrap_or(value: Any, default: Any) -> Value:
     source = value if isinstance(value, Value) else _as_value(value)
     if source.kind is ValueKind.ERROR:
         fallback = _as_value(unwrap(default))
-        return Value(fallback.kind, fallback.payload, meta={"recovered_from": repr(source.payload)})
+        # the node the error came from (its ref), or the error itself when it has none
+        recovered_from = source.ref if source.ref is not None else repr(source.payload)
+        return Value(fallback.kind, fallback.payload, meta={"recovered_from": recovered_from})
     return source
 
 

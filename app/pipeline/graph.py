@@ -87,6 +87,8 @@ class InferenceGraph:
         out: dict[str, list[str]] = {node_id: [] for node_id in self.nodes}
         for node in self.nodes.values():
             for dep in node.dependencies:
+                if dep not in out:
+                    raise ValueError(f"node {node.id!r} depends on {dep!r}, which is not a node of this graph")
                 out[dep].append(node.id)
         return out
 
@@ -174,6 +176,8 @@ class InferenceGraph:
                 "config": node.config(),
                 "deps": [hashes[d] for d in node.dependencies],
                 "priority": node.priority,
+                # literal arguments (an f-string's template, a constant) are part of the pipeline, not its input
+                "args": _arg_material([node.args, node.kwargs], hashes),
             }
             blob = json.dumps(material, sort_keys=True, default=str).encode()
             hashes[node_id] = hashlib.sha256(blob).hexdigest()
@@ -252,7 +256,7 @@ class InferenceGraph:
             elif kind == "op":
                 module = OpNode(entry["config"]["op"])
             elif root is not None:
-                module = root.get_submodule(entry["module_path"])
+                module = _bind_module(root, entry)
             else:
                 module = UnboundModule(entry["type"], entry["module_path"], entry["config"])
             nodes[entry["id"]] = GraphNode(
@@ -307,6 +311,41 @@ def _type_name(module: Any) -> str:
         return module.type_name
     cls = type(module)
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _bind_module(root: Module, entry: dict[str, Any]) -> Module:
+    """The root's submodule at the node's path, checked to be the kind of module that was traced there."""
+    path = entry.get("module_path", "")
+    try:
+        module = root.get_submodule(path)
+    except AttributeError as exc:
+        raise ValueError(f"node {entry['id']!r}: the root module has no submodule {path!r}") from exc
+    if _type_name(module) != entry["type"]:
+        raise ValueError(
+            f"node {entry['id']!r} was traced from a {entry['type']} at {path!r}, but the root module has a "
+            f"{_type_name(module)} there (was it a module created inside forward()?)"
+        )
+    return module
+
+
+def _arg_material(obj: Any, hashes: dict[str, str]) -> Any:
+    """Node arguments as stable hash material: traced inputs by their producer's hash, literals by content."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, ValueRef):
+        return {"$dep": hashes.get(obj.ref, obj.ref)}
+    if isinstance(obj, Value):
+        return {"$value": [obj.kind.value, _arg_material(obj.payload, hashes)]}
+    if isinstance(obj, dict):
+        return {"$dict": [[_arg_material(k, hashes), _arg_material(v, hashes)] for k, v in obj.items()]}
+    if isinstance(obj, list | tuple):
+        return [_arg_material(v, hashes) for v in obj]
+    if isinstance(obj, type) or callable(obj):  # a schema or a function (F.map_values): by name, not address
+        return f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+    try:
+        return encode_json(obj)
+    except ValueError:
+        return _type_name(obj)
 
 
 def _param_value(param: Any) -> Any:

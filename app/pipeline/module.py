@@ -194,7 +194,7 @@ class Module:
         if tracer is not None:
             if self._is_leaf_module():
                 return tracer.record_call(self, args, kwargs)
-            return self.forward(*args, **kwargs)
+            return tracer.trace_forward(self, args, kwargs)
         from app.pipeline.execution.settings import get_execution_settings
 
         settings = get_execution_settings()

@@ -52,6 +52,24 @@ class Value:
 
         return F.select(self, key, default)
 
+    def __iter__(self) -> Iterator[Any]:
+        # Without this, iter() would fall back to __getitem__(0), (1), ... which never raises IndexError (missing
+        # keys are ERROR Values): `for x in value` and list(value) would loop forever.
+        from app.pipeline.tracing.context import get_active_tracer
+
+        tracer = get_active_tracer()
+        if tracer is not None and self.ref is not None and tracer.owns_ref(self.ref):
+            raise TypeError(
+                f"cannot iterate a traced Value ({self.ref}): its length is only known at run time. Index it "
+                "(value[0], value['key']), use F.map_values, or iterate inside a leaf module's forward."
+            )
+        if self.kind is ValueKind.ERROR:
+            return iter(())
+        try:
+            return iter(self.payload)
+        except TypeError:
+            raise TypeError(f"a {self.kind.value} Value is not iterable") from None
+
     @property
     def is_error(self) -> bool:
         return self.kind is ValueKind.ERROR
@@ -67,6 +85,16 @@ class Value:
         if self.kind is ValueKind.ERROR:
             return f"Error: {self.payload}"
         return str(self.payload)
+
+    def __repr__(self) -> str:
+        # f"{v!r}" (or a container of Values formatted into a string) inside a trace must not bake this repr into
+        # a prompt: it becomes the same placeholder as str(v), rendered later with the real payload.
+        from app.pipeline.tracing.context import get_active_tracer
+
+        tracer = get_active_tracer()
+        if tracer is not None and self.ref is not None and tracer.owns_ref(self.ref):
+            return tracer.placeholder_for(self)
+        return f"Value(kind={self.kind!r}, payload={self.payload!r}, ref={self.ref!r}, meta={self.meta!r})"
 
     def __format__(self, spec: str) -> str:
         if spec:

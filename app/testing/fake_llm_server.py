@@ -41,7 +41,7 @@ from aiohttp import web
 
 T = TypeVar("T")
 
-_MARKER = re.compile(r"\[\[(status|latency|hang)(?::([^\]]*))?\]\]")
+_MARKER = re.compile(r"\[\[(status:\d{3}|latency:\d+(?:\.\d*)?|hang)\]\]")
 _JSON = "application/json"
 
 
@@ -62,12 +62,48 @@ class FakeBehaviour:
     model: str = "fake-model"
 
     def update(self, **changes: Any) -> None:
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
+        """Set fields, converting values (they may come from JSON or a command line) to the field's type."""
+        unknown = sorted(set(changes) - set(_FIELD_TYPES))
         if unknown:
-            raise ValueError(f"unknown fake-server settings {unknown}; known: {sorted(names)}")
+            raise ValueError(f"unknown fake-server settings {unknown}; known: {sorted(_FIELD_TYPES)}")
+        converted: dict[str, Any] = {}
         for key, value in changes.items():
+            kind, optional = _FIELD_TYPES[key]
+            if value is None and optional:
+                converted[key] = None
+                continue
+            try:
+                converted[key] = kind(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"fake-server setting {key}={value!r} is not a valid {getattr(kind, '__name__', 'value')}") from exc
+        for key, value in converted.items():
             setattr(self, key, value)
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        if value.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.strip().lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(value)
+    return bool(value)
+
+
+# field → (type, may be None); kept beside the dataclass so that update() can validate run-time changes.
+_FIELD_TYPES: dict[str, tuple[Callable[[Any], Any], bool]] = {
+    "latency": (float, False),
+    "jitter": (float, False),
+    "rpm": (float, True),
+    "rpm_burst": (float, False),
+    "fail_next": (int, False),
+    "fail_status": (int, False),
+    "retry_after": (float, True),
+    "hang": (_to_bool, False),
+    "hang_seconds": (float, True),
+    "reply": (str, False),
+    "model": (str, False),
+}
 
 
 @dataclass
@@ -78,6 +114,14 @@ class _Stats:
     prompts: dict[str, int] = field(default_factory=dict)  # last user message → times received
     in_flight: int = 0
     max_in_flight: int = 0
+
+    def clear(self) -> None:
+        """Forget everything but the requests still in flight (their handlers will decrement in_flight)."""
+        self.total = 0
+        self.by_status.clear()
+        self.timestamps.clear()
+        self.prompts.clear()
+        self.max_in_flight = self.in_flight
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -103,7 +147,7 @@ class _FakeState:
         self.stopping: asyncio.Event | None = None  # created on the loop
 
     def reset(self, behaviour: bool = False) -> None:
-        self.stats = _Stats(in_flight=self.stats.in_flight)
+        self.stats.clear()
         if behaviour:
             # Mutate in place: owners hold a reference to the behaviour object.
             for f in dataclasses.fields(self.initial):
@@ -222,7 +266,8 @@ def build_app(state: _FakeState | None = None, behaviour: FakeBehaviour | None =
             return _error(status, f"scripted failure ({status})", headers)
         hang = b.hang
         if "[[" in prompt:
-            for name, arg in _MARKER.findall(prompt):
+            for marker in _MARKER.findall(prompt):
+                name, _, arg = marker.partition(":")
                 if name == "status":
                     status = int(arg)
                     headers = _retry_headers(b.retry_after) if status == 429 else None

@@ -218,6 +218,8 @@ async def test_fake_server_other_routes_and_control_api(server: FakeLLMServer) -
             assert r.status == 200
         async with http.post(f"{root}/_control", json={"nonsense": 1}) as r:
             assert r.status == 400 and "unknown fake-server settings" in (await r.json())["error"]["message"]
+        async with http.post(f"{root}/_control", json={"latency": "soon"}) as r:
+            assert r.status == 400 and "not a valid float" in (await r.json())["error"]["message"]
         async with http.post(f"{server.base_url}/chat/completions", data=b"{not json") as r:
             assert r.status == 400
         msgs = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -251,6 +253,20 @@ async def test_fake_server_tracks_in_flight_and_latency_markers(server: FakeLLMS
     stats = server.stats()
     assert stats["max_in_flight"] == 8 and stats["in_flight"] == 0
     assert len(stats["timestamps"]) == 9
+
+
+async def test_reset_keeps_counting_requests_in_flight(server: FakeLLMServer) -> None:
+    server.configure(latency=0.2)
+    async with client_for(server) as client:
+        pending = asyncio.gather(*(client.complete(LLMRequest(f"p{i}")) for i in range(3)))
+        await asyncio.sleep(0.1)
+        server.reset()
+        assert server.stats()["in_flight"] == 3 and server.stats()["total"] == 0
+        await pending
+    stats = server.stats()
+    assert stats["in_flight"] == 0 and stats["by_status"] == {"200": 3}
+    server.reset(behaviour=True)
+    assert server.behaviour.latency == 0.0
 
 
 async def test_fake_server_rpm_limit_returns_429_with_retry_after() -> None:

@@ -10,6 +10,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from app.engine.config import ModelConfig
+from app.engine.tokenizer import Tokenizer
+
 _ST_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -22,9 +25,6 @@ _ST_DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-
-from app.engine.config import ModelConfig
-from app.engine.tokenizer import Tokenizer
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -83,7 +83,8 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         if any(e.get("dtype") not in _ST_DTYPES for e in entries.values()):
             return load_file(str(path), device="cpu")
         buf = torch.empty(size - 8 - header_len, dtype=torch.uint8)
-        if f.readinto(memoryview(buf.numpy())) != buf.numel():
+        view: Any = buf.numpy()  # a writable buffer readinto can fill in place
+        if f.readinto(view) != buf.numel():
             raise ValueError(f"{path} is truncated")
     out: dict[str, torch.Tensor] = {}
     for name, e in entries.items():

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from app.engine.attention import AttentionMetadata
+from app.engine.attention import AttentionMetadata, AttentionWorkspace
 from app.engine.config import ModelConfig
 
 
@@ -23,6 +23,7 @@ class PagedCausalLM(nn.Module):
         self.param_dtype = dtype
         self.param_device = torch.device(device)
         self.kv_caches: list[torch.Tensor] = []
+        self.attn_workspace = AttentionWorkspace()
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
         """Attach per-layer caches ``[2, num_blocks, block_size, kv_heads, head_dim]`` (see allocate_kv_cache)."""

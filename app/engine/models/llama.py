@@ -43,10 +43,11 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qk_size = self.q_size + self.kv_size
+        # Rotate q and k in one pass: they are adjacent in the fused projection.
+        qk = apply_rope(qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         return self.o_proj(paged_attention(q, k, v, kv_cache, attn, self.scale))
 
 
@@ -95,6 +96,7 @@ class LlamaForCausalLM(PagedCausalLM):
         self.lm_head: nn.Parameter | None = None
         if not config.tie_word_embeddings:
             self.lm_head = placeholder(config.vocab_size, config.hidden_size)
+        self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", config.rope_inv_freq().to(self.param_device), persistent=False)
 
     def lm_head_weight(self) -> torch.Tensor:

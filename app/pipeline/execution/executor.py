@@ -217,7 +217,7 @@ def _raise_on_error_values(outputs: Any) -> None:
     elif isinstance(outputs, dict):
         for v in outputs.values():
             _raise_on_error_values(v)
-    elif isinstance(outputs, list):
+    elif isinstance(outputs, list | tuple):
         for v in outputs:
             _raise_on_error_values(v)
 

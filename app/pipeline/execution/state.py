@@ -182,4 +182,6 @@ class ExecutionState:
             return {k: self._resolve(v) for k, v in structure.items()}
         if isinstance(structure, list):
             return [self._resolve(v) for v in structure]
+        if isinstance(structure, tuple):
+            return tuple(self._resolve(v) for v in structure)
         return structure

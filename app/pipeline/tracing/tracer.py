@@ -8,10 +8,12 @@ turned into an ``F.render`` node as soon as the string reaches a module call, an
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
 from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode
+from app.pipeline.parameter import Parameter
 from app.pipeline.tracing.context import trace_context
 from app.pipeline.values import Value, ValueKind, collect_refs, replace_values_with_refs, valueify
 
@@ -33,6 +35,7 @@ class Tracer:
         self._counter = 0
         self._input_counter = 0
         self._module_stack: list[str] = []
+        self._root_path = ""
 
     # -- ids and ownership --------------------------------------------------------------------------------------
     def owns_ref(self, ref: str) -> bool:
@@ -58,7 +61,7 @@ class Tracer:
             self.input_ids.append(node_id)
             return Value(obj.kind, obj.payload, node_id, dict(obj.meta))
         if isinstance(obj, dict):
-            return {k: self.bind_inputs(v, f"input_{k}") for k, v in obj.items()}
+            return {k: self.bind_inputs(v, f"{name or 'input'}_{k}") for k, v in obj.items()}
         if isinstance(obj, list):
             return [self.bind_inputs(v, name) for v in obj]
         if isinstance(obj, tuple):
@@ -76,9 +79,16 @@ class Tracer:
             args,
             kwargs,
             module_name=type(module).__name__,
-            module_path=module._path(),
+            module_path=self._relative_path(module),
             kind=module.output_kind(),
         )
+
+    def _relative_path(self, module: Module) -> str:
+        """The module's dotted path from the traced root (what ``root.get_submodule`` resolves)."""
+        path = module._path()
+        if self._root_path and path.startswith(self._root_path + "."):
+            return path[len(self._root_path) + 1 :]
+        return "" if path == self._root_path else path
 
     def record_op(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         args = self._materialise_strings(args)
@@ -110,9 +120,12 @@ class Tracer:
         return Value(kind, None, node_id)
 
     def _store(self, obj: Any) -> Any:
-        """Values from this trace become ValueRefs; parameters and literal Values are kept as they are."""
+        """Values from this trace become ValueRefs; literal Values are kept as they are, and a Parameter passed
+        as an argument is lifted into its Value (``param:<name>`` ref, current value) so the graph serialises."""
         if isinstance(obj, Value):
             return replace_values_with_refs(obj) if obj.ref in self.nodes else obj
+        if isinstance(obj, Parameter):
+            return obj.as_value()
         if isinstance(obj, dict):
             return {k: self._store(v) for k, v in obj.items()}
         if isinstance(obj, list):
@@ -153,11 +166,31 @@ class Tracer:
             pieces.append("{" + var + "}")
             position = match.end()
         pieces.append(_escape_braces(text[position:]))
-        return self.record_op("F.render", ("".join(pieces), variables), {})
+        template = "".join(pieces)
+        if _OPEN in template or _CLOSE in template:
+            # a piece of a placeholder is left: the string was sliced or split after formatting a traced Value
+            raise TypeError(
+                "a string holding a traced Value was cut or changed at trace time (str(v)[:n], .split(), ...); "
+                "its text is only known at run time: transform it with F ops (F.strip, F.select, ...) instead"
+            )
+        return self.record_op("F.render", (template, variables), {})
+
+    def trace_forward(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run a composite module's forward at trace time (it must be synchronous: it only wires nodes)."""
+        output = module.forward(*args, **kwargs)
+        if inspect.isawaitable(output):
+            if inspect.iscoroutine(output):
+                output.close()  # never awaited: close it so Python does not warn
+            raise TypeError(
+                f"{type(module).__name__}.forward is async, but a module with child modules is traced through at "
+                "trace time and must be a plain `def forward`; only leaf modules may be async"
+            )
+        return output
 
     # -- the whole trace ----------------------------------------------------------------------------------------
     def trace_values(self, module: Module, *args: Any, **kwargs: Any) -> InferenceGraph:
         self.reset()
+        self._root_path = module._path()
         with trace_context(self):
             bound_args = tuple(self.bind_inputs(valueify(a)) for a in args)
             bound_kwargs = {k: self.bind_inputs(valueify(v), f"input_{k}") for k, v in kwargs.items()}
@@ -165,7 +198,7 @@ class Tracer:
                 # a leaf at the root (an LLMInference, a plain-Python module) is itself the one node
                 output = self.record_call(module, bound_args, bound_kwargs)
             else:
-                output = module.forward(*bound_args, **bound_kwargs)
+                output = self.trace_forward(module, bound_args, bound_kwargs)
             output = self._materialise_strings(output)
             output = self._lift_literals(output)
             structure = self._output_structure(output)
@@ -199,7 +232,9 @@ class Tracer:
             return output.ref
         if isinstance(output, dict):
             return {k: self._output_structure(v) for k, v in output.items()}
-        if isinstance(output, list | tuple):
+        if isinstance(output, tuple):
+            return tuple(self._output_structure(v) for v in output)
+        if isinstance(output, list):
             return [self._output_structure(v) for v in output]
         raise TypeError(f"forward() returned an unsupported output type {type(output).__name__}")
 

@@ -264,3 +264,15 @@ async def test_missing_resources_is_a_clear_error() -> None:
 
     with pytest.raises(Exception, match="no resources were given"):
         await run(One(), "x")
+
+
+async def test_tuple_outputs_stay_tuples() -> None:
+    class Pair(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llm = LLMInference("fast")
+
+        def forward(self, text):
+            return self.llm(text), F.upper(text)
+
+    assert await run(Pair(), "hi", resources=ScriptedLM()) == ("[fast] hi", "HI")

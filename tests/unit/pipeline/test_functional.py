@@ -69,9 +69,9 @@ class TestText:
         assert_error(F.format("{x:d}", {"x": "not a number"}))
 
     def test_strip_lower_upper(self) -> None:
-        assert F.strip("  hi  ") == Value(ValueKind.TEXT, "hi")
+        assert F.strip("  hi  ") == Value(ValueKind.TEXT, "hi")  # noqa: B005 - F.strip(text), not str.strip(chars)
         assert F.strip("xxhixx", "x").payload == "hi"
-        assert F.strip("xxhixx", chars="x").payload == "hi"
+        assert F.strip("xxhixx", chars="x").payload == "hi"  # noqa: B005
         assert F.strip(text("--a--"), text("-")).payload == "a"
         assert F.lower(text("MiXeD")) == Value(ValueKind.TEXT, "mixed")
         assert F.upper("MiXeD").payload == "MIXED"
@@ -500,3 +500,67 @@ class TestOpsInTraces:
 
         res = ScriptedResources(lambda alias, request: '{"a": {"b": 5}}')
         assert await run(M(), "q", resources=res) == {"x": 5, "y": "d"}
+
+
+def _traced_input() -> Value:
+    return Value(ValueKind.OTHER, None, "input:input_0")
+
+
+OP_CALLS: list[tuple[str, Any]] = [
+    ("render", lambda v: F.render("{x}", {"x": v})),
+    ("try_render", lambda v: F.try_render("{x}", {"x": v})),
+    ("concat", lambda v: F.concat(v, "!")),
+    ("format", lambda v: F.format("{x}", {"x": v})),
+    ("strip", lambda v: F.strip(v)),
+    ("lower", lambda v: F.lower(v)),
+    ("upper", lambda v: F.upper(v)),
+    ("parse_structured", lambda v: F.parse_structured(v)),
+    ("select", lambda v: F.select(v, "a")),
+    ("merge", lambda v: F.merge(v, {"b": 1})),
+    ("coerce", lambda v: F.coerce(v, ValueKind.INT)),
+    ("add", lambda v: F.add(v, 1)),
+    ("sub", lambda v: F.sub(v, 1)),
+    ("mul", lambda v: F.mul(v, 2)),
+    ("div", lambda v: F.div(v, 2)),
+    ("sum", lambda v: F.sum([v, 1])),
+    ("min", lambda v: F.min([v, 1])),
+    ("max", lambda v: F.max([v, 1])),
+    ("mean", lambda v: F.mean([v, 1])),
+    ("extract_text", lambda v: F.extract_text(v)),
+    ("extract_meta", lambda v: F.extract_meta(v)),
+    ("with_meta", lambda v: F.with_meta(v, tag="t")),
+    ("unwrap_or", lambda v: F.unwrap_or(v, "d")),
+    ("is_error", lambda v: F.is_error(v)),
+    ("zip_values", lambda v: F.zip_values(v, [1])),
+    ("stack_structured", lambda v: F.stack_structured([v])),
+]
+
+
+class TestEveryOpIsRecorded:
+    @pytest.mark.parametrize(("name", "call"), OP_CALLS, ids=[name for name, _ in OP_CALLS])
+    def test_op_records_a_named_node(self, name: str, call: Any) -> None:
+        class M(Module):
+            is_leaf = False
+
+            def forward(self, x: Value) -> Value:
+                out = call(x)
+                assert out.ref == f"F.{name}_1" and out.payload is None
+                return out
+
+        graph = trace(M(), "x")
+        node = graph.nodes[f"F.{name}_1"]
+        assert node.kind == "op" and node.module_name == f"F.{name}"
+        assert node.dependencies == ["input:input_0"]
+        assert json.loads(graph.to_json())  # serialisable
+
+    async def test_unwrap_or_in_a_pipeline_names_the_failed_node(self, resources: ScriptedResources) -> None:
+        class M(Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.llm = LLMInference("a")
+
+            def forward(self, x: Value) -> Any:
+                return F.extract_meta(F.unwrap_or(F.parse_structured(self.llm(x)), {}))
+
+        meta = await run(M(), "x", resources=resources)
+        assert meta["recovered_from"] == "F.parse_structured_2"

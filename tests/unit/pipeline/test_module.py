@@ -412,6 +412,25 @@ class TestCalling:
             (1, "b", "fast(b)", True),
         ]
 
+    async def test_config_precedence_call_over_bind_over_settings(self) -> None:
+        from_settings, from_bind, from_call = (ScriptedResources(lambda a, r, tag=tag: tag)
+                                               for tag in ("settings", "bind", "call"))
+        llm = LLMInference("fast")
+        with ExecutionSettings(resources=from_settings):
+            assert await llm("x") == "settings"
+            llm.bind(from_bind)
+            assert await llm("x") == "bind"
+            assert await llm("x", resources=from_call) == "call"
+
+    async def test_batch_failure_raises_but_stream_isolates_it(self) -> None:
+        res = ScriptedResources(lambda alias, request: ValueError("bad item") if request.prompt == "b" else "ok")
+        llm = LLMInference("fast").bind(res)
+        with pytest.raises(ValueError, match="bad item"):
+            await llm(["a", "b", "c"])
+        results = [r async for r in llm(["a", "b", "c"], streaming=True, preserve_order=True)]
+        assert [r.ok for r in results] == [True, False, True]
+        assert isinstance(results[1].error, ValueError) and results[1].output is None
+
     def test_run_sync(self, resources: ScriptedResources) -> None:
         llm = LLMInference("fast").bind(resources)
         assert llm.run_sync("x") == "fast(x)"

@@ -283,3 +283,18 @@ class TestErrorHelpers:
         v = valueify(exc)
         assert v.kind is ValueKind.ERROR and v.payload is exc
         assert str(v).endswith("x")
+
+
+class TestIteration:
+    def test_iterating_a_value_iterates_its_payload(self) -> None:
+        assert list(Value(ValueKind.STRUCTURED, [1, 2])) == [1, 2]
+        assert list(Value(ValueKind.STRUCTURED, {"a": 1})) == ["a"]
+        assert list(Value(ValueKind.TEXT, "ab")) == ["a", "b"]
+        assert "a" in Value(ValueKind.STRUCTURED, ["a"])
+
+    def test_iterating_a_non_iterable_payload_is_a_type_error(self) -> None:
+        with pytest.raises(TypeError):
+            list(Value(ValueKind.INT, 3))
+
+    def test_iterating_an_error_yields_nothing(self) -> None:
+        assert list(Value(ValueKind.ERROR, ValueError("x"))) == []
