@@ -404,11 +404,14 @@ class Sampler:
         k_rows = [j for j, k in enumerate(plan.top_k) if k > 0]
         if k_rows:
             # The k-th largest value (ties with it are kept), from one topk over the rows that use top_k.
-            k_index = self._long(k_rows, device)
             k_values = self._long([plan.top_k[j] for j in k_rows], device)
-            top = x.index_select(0, k_index).topk(max(plan.top_k), dim=-1).values
-            kth = torch.full((n_sampled, 1), _NEG_INF, dtype=torch.float32, device=device)
-            kth[k_index] = top.gather(1, (k_values - 1).unsqueeze(1))
+            if len(k_rows) == n_sampled:  # the common case: no row gather (each costs a parallel region)
+                kth = x.topk(max(plan.top_k), dim=-1).values.gather(1, (k_values - 1).unsqueeze(1))
+            else:
+                k_index = self._long(k_rows, device)
+                top = x.index_select(0, k_index).topk(max(plan.top_k), dim=-1).values
+                kth = torch.full((n_sampled, 1), _NEG_INF, dtype=torch.float32, device=device)
+                kth[k_index] = top.gather(1, (k_values - 1).unsqueeze(1))
             threshold = kth if threshold is None else torch.maximum(threshold, kth)
         if threshold is not None:
             x = torch.where(x < threshold, _NEG_INF, x)  # out of place: ``work`` may be needed for logprobs

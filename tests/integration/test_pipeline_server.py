@@ -32,6 +32,13 @@ class FanOut(Module):
         return self.join(f"A={self.first(text)} B={self.second(text)}")
 
 
+class DistinctFanOut(FanOut):
+    """Each call has its own user text, so the server's per-prompt counts identify nodes."""
+
+    def forward(self, text):
+        return self.join(f"A={self.first(f'1:{text}')} B={self.second(f'2:{text}')}")
+
+
 class One(Module):
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +118,7 @@ async def test_resumed_run_resends_no_completed_node(server: FakeLLMServer, tmp_
     bad = "bad [[status:400]]"
     items = [f"doc{i}" for i in range(10)] + [bad] + [f"doc{i}" for i in range(10, 30)]
     cfg = resources(server)
-    pipeline = FanOut().bind(resources=cfg, checkpoint_dir=tmp_path, execution_id="job-1", max_concurrent=4)
+    pipeline = DistinctFanOut().bind(resources=cfg, checkpoint_dir=tmp_path, execution_id="job-1", max_concurrent=4)
     with pytest.raises(Exception, match="400"):
         await pipeline(items)  # the bad item fails once the first items are done, and cancels the rest
     checkpoint = CheckpointManager(tmp_path).load("job-1")
@@ -123,8 +130,8 @@ async def test_resumed_run_resends_no_completed_node(server: FakeLLMServer, tmp_
     assert completed_prompts, "some nodes should have completed before the failure"
     server.reset()
     good = [item for item in items if item != bad]
-    out = await FanOut().bind(resources=cfg, checkpoint_dir=tmp_path, execution_id="job-1")(good)
-    assert out == [f"echo: A=echo: {d} B=echo: {d}" for d in good]
+    out = await DistinctFanOut().bind(resources=cfg, checkpoint_dir=tmp_path, execution_id="job-1")(good)
+    assert out == [f"echo: A=echo: 1:{d} B=echo: 2:{d}" for d in good]
     resent = set(server.stats()["prompts"])
     assert resent, "the unfinished items must run in the second run"
     assert not (resent & completed_prompts), f"completed nodes were sent again: {resent & completed_prompts}"
@@ -162,3 +169,16 @@ async def test_profile_writes_a_chrome_trace(server: FakeLLMServer, tmp_path) ->
     assert {"LLMInference", "F.render"} <= names
     stats = trace["otherData"]["statistics"]
     assert stats["completed"] >= 8
+
+
+async def test_profile_shows_rate_limit_waits(server: FakeLLMServer, tmp_path) -> None:
+    import json
+
+    path = tmp_path / "trace.json"
+    items = [f"q{i}" for i in range(8)]
+    await One().bind(resources=resources(server, rate_limit=600), profile=True, profile_path=path)(items)
+    trace = json.loads(path.read_text())
+    waits = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "wait" in e.get("cat", "")]
+    assert len(waits) == 8
+    assert max(e["dur"] for e in waits) > 400_000  # the 8th request waited ~0.7 s for its token (µs)
+    assert trace["otherData"]["statistics"]["wait_time_s"] > 1.0

@@ -101,8 +101,10 @@ class _SharedManager:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.manager, name)
 
-    async def complete(self, alias: str, request: Any) -> Any:
-        return await self.manager.complete(alias, request)
+    async def complete(self, alias: str, request: Any, on_ready: Callable[[], None] | None = None) -> Any:
+        if on_ready is None:
+            return await self.manager.complete(alias, request)
+        return await self.manager.complete(alias, request, on_ready=on_ready)
 
     def acquire(self) -> None:
         self.users += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable
 from typing import Any
 
 from app.pipeline.execution.state import ExecutionState
@@ -66,7 +67,13 @@ def build_request(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     )
 
 
-async def run_llm_node(manager: Any, node: GraphNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+async def run_llm_node(
+    manager: Any,
+    node: GraphNode,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_ready: Callable[[], None] | None = None,
+) -> Value:
     module = node.module
     if manager is None:
         raise ConfigurationError(
@@ -74,7 +81,10 @@ async def run_llm_node(manager: Any, node: GraphNode, args: tuple[Any, ...], kwa
             "resources=ResourceConfig({...}) to run()/bind() or ExecutionSettings"
         )
     request = build_request(module, args, kwargs)
-    response = await manager.complete(module.alias, request)
+    if on_ready is not None:
+        response = await manager.complete(module.alias, request, on_ready=on_ready)
+    else:
+        response = await manager.complete(module.alias, request)
     meta = {
         "alias": module.alias,
         "model": response.model,

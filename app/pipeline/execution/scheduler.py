@@ -14,6 +14,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,7 @@ class Scheduler:
         self._runs = itertools.count()
         self.max_running_observed = 0
         self._active_runs: dict[int, _Run] = {}
+        self._reports_waits: bool | None = None
         if profiler is not None:
             profiler.set_global_capacity(max_concurrent)
 
@@ -187,9 +189,9 @@ class Scheduler:
                 value = Value(failed_input.kind, failed_input.payload, node.id, dict(failed_input.meta))
             elif self.task_timeout is not None:
                 async with asyncio.timeout(self.task_timeout):
-                    value = await self._execute(node, args, kwargs)
+                    value = await self._execute(node, args, kwargs, task_id)
             else:
-                value = await self._execute(node, args, kwargs)
+                value = await self._execute(node, args, kwargs, task_id)
         except asyncio.CancelledError:
             if profiler is not None:
                 profiler.task_failed(task_id, "cancelled")
@@ -229,12 +231,29 @@ class Scheduler:
                 self._release(node)
             self._pump()
 
-    async def _execute(self, node: GraphNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    async def _execute(
+        self, node: GraphNode, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str = ""
+    ) -> Value:
         if node.kind == "llm":
-            value = await run_llm_node(self.resource_manager, node, args, kwargs)
+            on_ready = None
+            if self.profiler is not None and self._manager_reports_waits():
+                # the time until the endpoint's slot and rate token are held shows as a wait in the trace
+                profiler = self.profiler
+                profiler.wait_started(task_id, node.alias or "local", "rate_limit")
+                on_ready = partial(profiler.wait_finished, task_id)
+            value = await run_llm_node(self.resource_manager, node, args, kwargs, on_ready)
         else:
             value = await run_module_node(node, args, kwargs)
         return _stamp(value, node.id)
+
+    def _manager_reports_waits(self) -> bool:
+        if self._reports_waits is None:
+            complete = getattr(self.resource_manager, "complete", None)
+            try:
+                self._reports_waits = "on_ready" in inspect.signature(complete).parameters  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                self._reports_waits = False
+        return self._reports_waits
 
     def _release(self, node: GraphNode) -> None:
         self._running -= 1

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -232,8 +232,11 @@ class ResourceManager:
             ep.client = create_client(ep.config, alias=ep.alias)
         return ep.client
 
-    async def complete(self, alias: str, request: LLMRequest) -> LLMResponse:
-        """Run one request against an endpoint of ``alias``; raises the client's ResourceError subclasses."""
+    async def complete(
+        self, alias: str, request: LLMRequest, *, on_ready: Callable[[], None] | None = None
+    ) -> LLMResponse:
+        """Run one request against an endpoint of ``alias``; raises the client's ResourceError subclasses.
+        ``on_ready`` is called when the slot and rate token are held and the request leaves (profiling waits)."""
         ep = self._pick(alias)
         client = self._client(ep)
         ep.pending += 1
@@ -253,6 +256,8 @@ class ResourceManager:
                         await asyncio.sleep(delay)
                 start = time.perf_counter()
                 queue_ms = (start - queued) * 1000.0
+                if on_ready is not None:
+                    on_ready()
                 ep.active += 1
                 try:
                     response = await client.complete(request)
