@@ -320,6 +320,7 @@ class ModelConfig:
             "eos_token_id": eos,
             "pad_token_id": self.pad_token_id,
             "torch_dtype": "float32",
+            "_name_or_path": self.name,
         }
         if self.architecture == "gpt2":
             return {

@@ -128,3 +128,52 @@ def test_forward_without_kv_cache_is_a_clear_error(tiny_models: dict) -> None:
     meta = AttentionMetadata.build([2], [2], [[0]], 4)
     with pytest.raises(RuntimeError, match="bind_kv_cache"):
         model(torch.tensor([1, 2]), torch.arange(2), meta)
+
+
+def test_decode_batch_split_by_context_length(loaded: dict) -> None:
+    """Many decodes of very different lengths are attended in several groups; results equal each alone."""
+    model = loaded["llama_gqa_llama3"]
+    lengths = [1, 2, 3, 5, 8, 60, 61, 63, 4, 9, 7, 62, 6, 3, 2, 64, 1, 59, 5, 58]
+    prompts = [_prompt(100 + i, n) for i, n in enumerate(lengths)]
+    runner = PagedRunner(model, block_size=4)
+    first = runner.step(list(enumerate(prompts)))
+    nxt = first.argmax(-1).tolist()
+    chunks = [(i, [t]) for i, t in enumerate(nxt)]
+    meta = AttentionMetadata.build(
+        [1] * len(lengths), [n + 1 for n in lengths], [runner.tables[i] for i in range(len(lengths))], 4
+    )
+    assert len(meta.decode_groups) > 1
+    batched = runner.step(chunks)
+    for i, prompt in enumerate(prompts):
+        alone = PagedRunner(model, block_size=4).step([(0, [*prompt, nxt[i]])])
+        torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_llama3", "gpt2"])
+def test_bfloat16_weights_run_close_to_float32(name: str, tiny_models: dict) -> None:
+    folder, _ = tiny_models[name]
+    m32, _, _ = load_model(folder)
+    m16, _, _ = load_model(folder, dtype=torch.bfloat16)
+    assert m16.lm_head_weight().dtype == torch.bfloat16
+    prompt = _prompt(12, 9)
+    runner32, runner16 = PagedRunner(m32, block_size=4), PagedRunner(m16, block_size=4)
+    runner16.caches = [c.to(torch.bfloat16) for c in runner16.caches]
+    l32 = runner32.step([(0, prompt)])
+    l16 = runner16.step([(0, prompt)]).float()
+    assert torch.nn.functional.cosine_similarity(l32, l16).item() > 0.99
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu(tiny_models: dict) -> None:
+    from app.engine.attention import allocate_kv_cache
+
+    folder, _ = tiny_models["llama_gqa_llama3"]
+    cpu, _, cfg = load_model(folder)
+    gpu, _, _ = load_model(folder, device="cuda")
+    prompt = _prompt(13, 21)
+    ref = PagedRunner(cpu, block_size=4).step([(0, prompt)])
+    gpu.bind_kv_cache(allocate_kv_cache(cfg, 16, 4, device="cuda"))
+    meta = AttentionMetadata.build([21], [21], [list(range(6))], 4, device="cuda")
+    hidden = gpu(torch.tensor(prompt, device="cuda"), torch.arange(21, device="cuda"), meta)
+    torch.testing.assert_close(gpu.compute_logits(hidden[-1:]).cpu(), ref, atol=1e-4, rtol=0)
