@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import (
@@ -21,6 +21,8 @@ from pydantic_settings import (
 )
 
 CONFIG_FILE_ENV = "INF_ENGINE_CONFIG_FILE"
+
+BackendName = Literal["native", "transformers", "vllm", "openai"]
 DEFAULT_CONFIG_FILE = "inf-engine.toml"
 
 
@@ -41,6 +43,33 @@ class Settings(BaseSettings):
     resources_file: Path | None = Field(default=None, description="Default ResourceConfig file (TOML or YAML)")
     default_max_concurrent: int = Field(default=100, ge=1)
 
+    # --- the OpenAI-compatible server (``inf-engine serve``) and its backend -------------------------------
+    serve_host: str = Field(default="127.0.0.1", min_length=1, description="Address `inf-engine serve` binds")
+    serve_port: int = Field(default=8000, ge=1, le=65535, description="Port `inf-engine serve` listens on")
+    backend: BackendName = Field(default="native", description="native, transformers, vllm or openai")
+    model: str | None = Field(
+        default=None, description="HF folder or .gguf file to serve; unset = the default SmolLM2 model"
+    )
+    served_model_name: str | None = Field(
+        default=None, description="The model id clients send and /v1/models lists (default: from the model)"
+    )
+    max_waiting: int = Field(default=256, ge=1, description="Requests queued beyond this answer HTTP 429")
+    cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS; empty = none")
+    health_stall_seconds: float = Field(
+        default=30.0, gt=0, description="/health answers 503 when the engine made no step this long with work"
+    )
+    vllm_python: Path | None = Field(
+        default=None, description="Python executable of a venv with vLLM, for the vllm backend"
+    )
+    vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments")
+    vllm_startup_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for vLLM's /health")
+    openai_base_url: str | None = Field(
+        default=None, description="Upstream OpenAI-compatible URL (with /v1) for the openai backend"
+    )
+    openai_api_key: str | None = Field(default=None, description="Bearer key sent to the upstream server")
+    openai_model: str | None = Field(default=None, description="Model name the upstream server knows")
+    upstream_timeout: float = Field(default=600.0, gt=0, description="Seconds per proxied upstream request")
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
@@ -48,6 +77,30 @@ class Settings(BaseSettings):
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {value!r}")
         return level
+
+    @field_validator("vllm_python")
+    @classmethod
+    def _executable(cls, value: Path | None) -> Path | None:
+        if value is not None and not (value.is_file() and os.access(value, os.X_OK)):
+            raise ValueError(f"vllm_python must be an executable Python with vLLM installed; {value} is not")
+        return value
+
+    @field_validator("openai_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"openai_base_url must start with http:// or https://, not {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(f"cors_origins entries must be '*' or http(s)://host[:port], not {origin!r}")
+        return value
 
     @classmethod
     def settings_customise_sources(

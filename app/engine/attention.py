@@ -145,7 +145,9 @@ class AttentionMetadata:
             raise ValueError(f"block_tables has {self.block_tables.shape[1]} columns, context needs {need}")
         self.num_tokens = sum(self.query_lens)
         if self.slot_mapping.shape != (self.num_tokens,):
-            raise ValueError(f"slot_mapping must be [{self.num_tokens}], got {tuple(self.slot_mapping.shape)}")
+            raise ValueError(
+                f"slot_mapping must be [{self.num_tokens}], got {tuple(self.slot_mapping.shape)}"
+            )
         self.slot_mapping = self.slot_mapping.long()
         self.block_tables = self.block_tables.long()
         cu = [0]
@@ -247,7 +249,9 @@ def _split_by_context(seqs: list[int], context_lens: list[int], block_size: int)
     return best
 
 
-def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots of ``kv_cache``."""
     _, _, _, kvh, hd = kv_cache.shape
     kv_cache[0].view(-1, kvh, hd).index_copy_(0, slot_mapping, key)
@@ -306,7 +310,9 @@ def paged_attention(
         v = _gather(v_blocks, dg.block_ids, "v", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
         q = query if dg.rows is None else query.index_select(0, dg.rows)
         # GQA without repeating K/V: the `group` query heads of one kv head act as `group` query positions.
-        o = F.scaled_dot_product_attention(q.reshape(n, kvh, group, head_dim), k, v, attn_mask=dg.mask, scale=scale)
+        o = F.scaled_dot_product_attention(
+            q.reshape(n, kvh, group, head_dim), k, v, attn_mask=dg.mask, scale=scale
+        )
         o = o.reshape(n, num_heads * head_dim)
         if dg.rows is None:
             return o  # the whole batch was this one group

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from app.pipeline import EndpointConfig, LLMInference, Module, ResourceConfig  # noqa: E402
-from scripts.peers.bare_aiohttp_fanout import (  # noqa: E402
+from app.pipeline import EndpointConfig, LLMInference, Module, ResourceConfig
+from scripts.peers.bare_aiohttp_fanout import (
     COMPARE_PROMPT,
     ENTITIES_PROMPT,
     FACTS_PROMPT,

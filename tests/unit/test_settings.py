@@ -47,7 +47,7 @@ def test_bad_values_fail_fast_with_the_field_name(monkeypatch: pytest.MonkeyPatc
 
 def test_missing_named_config_file_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("INF_ENGINE_CONFIG_FILE", str(tmp_path / "nope.toml"))
-    with pytest.raises(FileNotFoundError, match="nope.toml"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.toml"):
         Settings()
 
 

@@ -14,8 +14,8 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from app.pipeline.execution.node_runner import is_inline, resolve_args, run_llm_node, run_module_node
