@@ -132,6 +132,56 @@ async def _run_items(
     return failed
 
 
+@app.command("serve")
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="Address to bind (default: settings.serve_host)")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default: settings.serve_port)")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="native, transformers, vllm or openai (default: settings.backend)")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="HF folder or .gguf file to serve (default: settings.model or SmolLM2)")
+    ] = None,
+) -> None:
+    """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, ...) with uvicorn."""
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
+    overrides: dict[str, Any] = {
+        k: v for k, v in {"serve_host": host, "serve_port": port, "backend": backend, "model": model}.items() if v is not None
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        raise _fail(f"invalid settings: {exc}") from None
+    if model is not None and not Path(model).expanduser().exists() and settings.backend != "openai":
+        raise _fail(f"--model {model} does not exist (give an HF folder or a .gguf file; nothing is downloaded)")
+    import uvicorn
+
+    from api.main import create_app
+    from app.serving.logs import configure_logging
+
+    configure_logging(settings.log_level)
+    try:
+        application = create_app(settings)
+    except ValueError as exc:  # e.g. a backend that misses its settings
+        raise _fail(str(exc)) from None
+    err.print(
+        f"serving {application.state.backend.served_model_name!r} with the {settings.backend} backend "
+        f"on http://{settings.serve_host}:{settings.serve_port}/v1",
+        highlight=False,
+    )
+    uvicorn.run(
+        application,
+        host=settings.serve_host,
+        port=settings.serve_port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
 def main() -> None:
     app()
 

@@ -31,7 +31,9 @@ __all__ = [
     "QueueFullError",
     "SequenceDelta",
     "TokenLogprob",
+    "TopLogprob",
     "Usage",
+    "heartbeat_health",
 ]
 
 

@@ -52,6 +52,8 @@ class PagedCausalLM(nn.Module):
             raise ValueError(
                 f"batch has {input_ids.shape[0]} tokens but metadata describes {attn.num_tokens}"
             )
+        # This model's gather scratch (a draft and a target model may share one metadata object).
+        attn.workspace = self.attn_workspace
 
     def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
@@ -62,9 +64,15 @@ class PagedCausalLM(nn.Module):
         raise NotImplementedError
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, vocab]`` for final hidden states ``[B, hidden]`` (select the last positions first)."""
-        return torch.nn.functional.linear(hidden, self.lm_head_weight())
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, vocab]`` for final hidden states ``[B, hidden]`` (select the last positions first).
+
+        ``out`` lets a runner reuse one logits buffer across steps (a fresh [B, vocab] tensor every step costs
+        page faults on CPU); the caller must be done with the previous step's logits.
+        """
+        if out is None:
+            return torch.nn.functional.linear(hidden, self.lm_head_weight())
+        return torch.mm(hidden, self.lm_head_weight().t(), out=out)
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load weights named and laid out as the Hugging Face checkpoint of this architecture."""

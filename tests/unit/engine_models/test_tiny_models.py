@@ -177,3 +177,12 @@ def test_cuda_matches_cpu(tiny_models: dict) -> None:
     meta = AttentionMetadata.build([21], [21], [list(range(6))], 4, device="cuda")
     hidden = gpu(torch.tensor(prompt, device="cuda"), torch.arange(21, device="cuda"), meta)
     torch.testing.assert_close(gpu.compute_logits(hidden[-1:]).cpu(), ref, atol=1e-4, rtol=0)
+
+
+def test_compute_logits_into_a_reused_buffer(loaded: dict) -> None:
+    model = loaded["llama_gqa_llama3"]
+    hidden = torch.randn(3, model.config.hidden_size)
+    out = torch.empty(3, model.config.vocab_size)
+    got = model.compute_logits(hidden, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, model.compute_logits(hidden), atol=1e-5, rtol=0)

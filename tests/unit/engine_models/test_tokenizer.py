@@ -11,7 +11,7 @@ import pytest
 
 from app.engine.loading import load_model
 from app.engine.tokenizer import Tokenizer
-from tests.unit.engine_models.helpers import CHAT_TEMPLATE, write_tiny_tokenizer
+from tests.unit.engine_models.helpers import write_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +102,12 @@ def test_invalid_bytes_are_flushed_at_the_end(tok_dir: Path) -> None:
 def test_hf_folder_loading_errors(tmp_path: Path, tiny_models: dict[str, tuple[Path, Any]]) -> None:
     with pytest.raises(FileNotFoundError, match="never downloaded"):
         load_model(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_model(tmp_path)
     folder = tmp_path / "copy"
     shutil.copytree(tiny_models["gpt2"][0], folder)
     (folder / "tokenizer.json").unlink()
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):
         load_model(folder)
     bogus = tmp_path / "weights.bin"
     bogus.write_bytes(b"not a model")

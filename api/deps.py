@@ -1,0 +1,31 @@
+"""Dependencies: the serving object of this app, and the Bearer API-key check for /v1/*."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from app.serving import OpenAIServing
+from app.serving.errors import unauthorized
+
+
+def get_serving(request: Request) -> OpenAIServing:
+    serving: OpenAIServing = request.app.state.serving
+    return serving
+
+
+async def require_api_key(request: Request) -> None:
+    """401 unless ``Authorization: Bearer <key>`` names one of ``settings.api_keys`` (none configured = open)."""
+    keys: list[str] = request.app.state.settings.api_keys
+    if not keys:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise unauthorized(
+            "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY'."
+        )
+    token = token.strip()
+    if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
+        raise unauthorized("Incorrect API key provided. Use one of the keys configured in INF_ENGINE_API_KEYS.")

@@ -1,0 +1,1 @@
+"""Route modules: ``openai`` (/v1/*, /tokenize, /detokenize) and ``ops`` (/health, /metrics)."""

@@ -1,0 +1,63 @@
+"""The OpenAI-compatible routes (Bearer key on /v1/*) and vLLM's /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
+
+from api.responses import JSONBytes
+
+from api.deps import get_serving, require_api_key
+from api.disconnect import ClientDisconnected, until_disconnect
+from app.serving import OpenAIServing
+from app.serving.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+extras = APIRouter()
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CLIENT_CLOSED = 499  # nginx's code for "client closed request"; nobody reads it but the access log
+
+
+def _respond(result: dict[str, Any] | AsyncIterator[bytes]) -> Response:
+    if isinstance(result, dict):
+        return JSONBytes(result)
+    return StreamingResponse(result, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+@v1.get("/models")
+async def list_models(serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(await serving.list_models())
+
+
+@v1.post("/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, serving: OpenAIServing = Depends(get_serving)
+) -> Response:
+    try:
+        return _respond(await until_disconnect(request, serving.chat(body)))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+
+
+@v1.post("/completions")
+async def completions(
+    body: CompletionRequest, request: Request, serving: OpenAIServing = Depends(get_serving)
+) -> Response:
+    try:
+        return _respond(await until_disconnect(request, serving.completion(body)))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+
+
+@extras.post("/tokenize")
+async def tokenize(body: TokenizeRequest, serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(await serving.tokenize(body))
+
+
+@extras.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(await serving.detokenize(body))

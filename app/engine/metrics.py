@@ -1,0 +1,294 @@
+"""Request metrics and engine statistics, named after vLLM's Prometheus metrics so dashboards carry over.
+
+Times are ``time.monotonic()`` seconds (the clock ``Sequence.arrival_time`` uses): only differences matter.
+:class:`StatsCollector` is written by the engine thread and read by whoever serves ``/metrics``, so it
+takes a lock; :meth:`StatsCollector.snapshot` returns plain copies that are safe to use anywhere.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "E2E_BUCKETS",
+    "ITL_BUCKETS",
+    "TTFT_BUCKETS",
+    "EngineStats",
+    "Histogram",
+    "RequestMetrics",
+    "StatsCollector",
+    "render_prometheus",
+]
+
+# vLLM's bucket boundaries, so histograms from both engines can be compared panel by panel.
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+@dataclass
+class RequestMetrics:
+    """Timeline of one request. ``None`` fields have not happened yet."""
+
+    arrival_time: float
+    num_prompt_tokens: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_generation_tokens: int = 0
+    num_cached_tokens: int = 0
+    inter_token_latencies: list[float] = field(default_factory=list)
+
+    @property
+    def queue_time(self) -> float | None:
+        """Arrival to first scheduling (the last one counts nothing extra after a preemption)."""
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+    @property
+    def mean_inter_token_latency(self) -> float | None:
+        itl = self.inter_token_latencies
+        return sum(itl) / len(itl) if itl else None
+
+    def on_scheduled(self, now: float) -> None:
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = now
+
+    def on_tokens(self, now: float, count: int) -> float | None:
+        """Record ``count`` new tokens produced at ``now``; returns the inter-token latency, if any."""
+        itl: float | None = None
+        if self.first_token_time is None:
+            self.first_token_time = now
+        elif self.last_token_time is not None:
+            itl = now - self.last_token_time
+            self.inter_token_latencies.append(itl)
+        self.last_token_time = now
+        self.num_generation_tokens += count
+        return itl
+
+    def copy(self) -> RequestMetrics:
+        return RequestMetrics(
+            arrival_time=self.arrival_time,
+            num_prompt_tokens=self.num_prompt_tokens,
+            first_scheduled_time=self.first_scheduled_time,
+            first_token_time=self.first_token_time,
+            last_token_time=self.last_token_time,
+            finished_time=self.finished_time,
+            num_generation_tokens=self.num_generation_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+            inter_token_latencies=list(self.inter_token_latencies),
+        )
+
+
+@dataclass
+class Histogram:
+    """A cumulative-bucket histogram in Prometheus' sense (``counts[i]`` = observations <= ``buckets[i]``,
+    computed on export; stored per bucket here)."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # one per bucket, plus the +Inf bucket
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if list(self.buckets) != sorted(self.buckets):
+            raise ValueError("histogram buckets must be increasing")
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        out, running = [], 0
+        for c in self.counts:
+            running += c
+            out.append(running)
+        return out
+
+    def copy(self) -> Histogram:
+        return Histogram(self.buckets, list(self.counts), self.total, self.count)
+
+
+@dataclass
+class EngineStats:
+    """A point-in-time copy of the engine's gauges, counters and latency histograms."""
+
+    # gauges
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    kv_cache_usage_perc: float = 0.0
+    # counters (monotonic over the engine's life)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> finished sequences
+    num_steps: int = 0
+    # histograms (seconds)
+    time_to_first_token_seconds: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    inter_token_latency_seconds: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    e2e_request_latency_seconds: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    request_queue_time_seconds: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+class StatsCollector:
+    """Accumulates counters and histograms; the scheduler-owned numbers are passed in at snapshot time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = EngineStats()
+
+    def record_step(self) -> None:
+        with self._lock:
+            self._stats.num_steps += 1
+
+    def record_first_token(self, metrics: RequestMetrics) -> None:
+        with self._lock:
+            self._stats.prompt_tokens += metrics.num_prompt_tokens
+            if metrics.time_to_first_token is not None:
+                self._stats.time_to_first_token_seconds.observe(metrics.time_to_first_token)
+            if metrics.queue_time is not None:
+                self._stats.request_queue_time_seconds.observe(metrics.queue_time)
+
+    def record_tokens(self, count: int, inter_token_latency: float | None) -> None:
+        with self._lock:
+            self._stats.generation_tokens += count
+            if inter_token_latency is not None:
+                self._stats.inter_token_latency_seconds.observe(inter_token_latency)
+
+    def record_finished(self, metrics: RequestMetrics, finish_reasons: Iterable[str]) -> None:
+        with self._lock:
+            for reason in finish_reasons:
+                self._stats.request_success[reason] = self._stats.request_success.get(reason, 0) + 1
+            if metrics.e2e_latency is not None:
+                self._stats.e2e_request_latency_seconds.observe(metrics.e2e_latency)
+
+    def snapshot(
+        self,
+        *,
+        num_requests_running: int,
+        num_requests_waiting: int,
+        kv_cache_usage_perc: float,
+        prefix_cache_queries: int,
+        prefix_cache_hits: int,
+        num_preemptions: int,
+    ) -> EngineStats:
+        with self._lock:
+            s = self._stats
+            return EngineStats(
+                num_requests_running=num_requests_running,
+                num_requests_waiting=num_requests_waiting,
+                kv_cache_usage_perc=kv_cache_usage_perc,
+                prefix_cache_queries=prefix_cache_queries,
+                prefix_cache_hits=prefix_cache_hits,
+                num_preemptions=num_preemptions,
+                prompt_tokens=s.prompt_tokens,
+                generation_tokens=s.generation_tokens,
+                request_success=dict(s.request_success),
+                num_steps=s.num_steps,
+                time_to_first_token_seconds=s.time_to_first_token_seconds.copy(),
+                inter_token_latency_seconds=s.inter_token_latency_seconds.copy(),
+                e2e_request_latency_seconds=s.e2e_request_latency_seconds.copy(),
+                request_queue_time_seconds=s.request_queue_time_seconds.copy(),
+            )
+
+
+# ---- Prometheus text exposition ------------------------------------------------------------------------
+
+
+def _labels(base: Mapping[str, str], **extra: str) -> str:
+    items = {**base, **extra}
+    body = ",".join(f'{k}="{_escape(v)}"' for k, v in items.items())
+    return "{" + body + "}" if body else ""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def render_prometheus(stats: EngineStats, model_name: str, engine: str = "0") -> str:
+    """``stats`` in the Prometheus text format under vLLM's metric names (``vllm:...``), labelled with
+    ``model_name`` and ``engine`` as vLLM labels them. Counters get the ``_total`` suffix that
+    prometheus_client adds, so the exported series names are exactly vLLM's."""
+    base = {"model_name": model_name, "engine": engine}
+    lines: list[str] = []
+
+    def gauge(name: str, value: float, doc: str) -> None:
+        lines.extend([f"# HELP vllm:{name} {doc}", f"# TYPE vllm:{name} gauge"])
+        lines.append(f"vllm:{name}{_labels(base)} {_num(value)}")
+
+    def counter(name: str, values: Mapping[str, float] | float, doc: str, label: str = "") -> None:
+        lines.extend([f"# HELP vllm:{name} {doc}", f"# TYPE vllm:{name} counter"])
+        if isinstance(values, Mapping):
+            for key, value in sorted(values.items()):
+                lines.append(f"vllm:{name}_total{_labels(base, **{label: key})} {_num(value)}")
+        else:
+            lines.append(f"vllm:{name}_total{_labels(base)} {_num(values)}")
+
+    def histogram(name: str, hist: Histogram, doc: str) -> None:
+        lines.extend([f"# HELP vllm:{name} {doc}", f"# TYPE vllm:{name} histogram"])
+        bounds = [*hist.buckets, math.inf]
+        for bound, cum in zip(bounds, hist.cumulative(), strict=True):
+            lines.append(f"vllm:{name}_bucket{_labels(base, le=_num(bound))} {cum}")
+        lines.append(f"vllm:{name}_sum{_labels(base)} {_num(hist.total)}")
+        lines.append(f"vllm:{name}_count{_labels(base)} {hist.count}")
+
+    gauge("num_requests_running", stats.num_requests_running, "Number of requests in model execution batches.")
+    gauge("num_requests_waiting", stats.num_requests_waiting, "Number of requests waiting to be processed.")
+    gauge("kv_cache_usage_perc", stats.kv_cache_usage_perc, "KV-cache usage. 1 means 100 percent usage.")
+    counter("prefix_cache_queries", stats.prefix_cache_queries, "Prefix cache queries, in terms of tokens.")
+    counter("prefix_cache_hits", stats.prefix_cache_hits, "Prefix cache hits, in terms of tokens.")
+    counter("num_preemptions", stats.num_preemptions, "Cumulative number of preemptions.")
+    counter("prompt_tokens", stats.prompt_tokens, "Number of prefill tokens processed.")
+    counter("generation_tokens", stats.generation_tokens, "Number of generation tokens processed.")
+    counter(
+        "request_success",
+        {reason: float(n) for reason, n in stats.request_success.items()},
+        "Count of successfully processed requests.",
+        label="finished_reason",
+    )
+    histogram("time_to_first_token_seconds", stats.time_to_first_token_seconds, "Time to first token.")
+    histogram("inter_token_latency_seconds", stats.inter_token_latency_seconds, "Inter-token latency.")
+    histogram("e2e_request_latency_seconds", stats.e2e_request_latency_seconds, "End-to-end request latency.")
+    histogram("request_queue_time_seconds", stats.request_queue_time_seconds, "Time spent in the WAITING phase.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,523 @@
+"""The OpenAI-compatible endpoints' logic: requests in, OpenAI-shaped bodies or SSE byte chunks out.
+
+For each request: check the model, map fields to ``SamplingParams``, open one backend stream per prompt
+(backend errors raise *before* anything is sent), and either collect the streams into one response body or
+turn them into ``chat.completion.chunk`` / ``text_completion`` SSE events ending with ``data: [DONE]``.
+Streaming responses are primed: the first backend chunk is awaited before the response starts, so a full
+queue or a bad prompt is an HTTP status, not an error event. Closing a stream (client gone) closes every
+backend stream under it, which aborts the requests in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+
+from app.engine.backends.base import (
+    Backend,
+    BackendError,
+    GenerationChunk,
+    GenerationRequest,
+    HealthStatus,
+    TokenLogprob,
+    Usage,
+)
+from app.serving.errors import APIError, bad_request, error_body, model_not_found
+from app.serving.metrics import ServingMetrics
+from app.serving.params import chat_sampling_params, completion_prompts, completion_sampling_params
+from app.serving.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+
+T = TypeVar("T")
+DONE = b"data: [DONE]\n\n"
+_MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
+_END = object()
+
+
+def _sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def _lp(value: float) -> float:
+    return value if value > _MIN_LOGPROB else _MIN_LOGPROB
+
+
+async def _aclose(stream: AsyncIterator[Any]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+# ---------------------------------------------------------------------------------------------- logprobs
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": _lp(e.logprob),
+                "bytes": list(e.token.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": t.token, "logprob": _lp(t.logprob), "bytes": list(t.token.encode("utf-8"))}
+                    for t in e.top
+                ],
+            }
+            for e in entries
+        ]
+    }
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], start_offset: int) -> tuple[dict[str, Any], int]:
+    """The legacy completions logprobs object, and the text offset after its tokens."""
+    tokens: list[str] = []
+    values: list[float] = []
+    tops: list[dict[str, float]] = []
+    offsets: list[int] = []
+    offset = start_offset
+    for e in entries:
+        tokens.append(e.token)
+        values.append(_lp(e.logprob))
+        tops.append({t.token: _lp(t.logprob) for t in e.top})
+        offsets.append(offset)
+        offset += len(e.token)
+    body = {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+    return body, offset
+
+
+def usage_body(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- streams
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    num_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class _UsageTally:
+    """Usage over several prompts' streams: the backend's final usage, else what the chunks showed."""
+
+    def __init__(self, num_prompts: int) -> None:
+        self.prompt = [0] * num_prompts
+        self.completion = [0] * num_prompts
+        self.final: dict[int, Usage] = {}
+
+    def add(self, p: int, chunk: GenerationChunk) -> None:
+        if chunk.num_prompt_tokens is not None:
+            self.prompt[p] = chunk.num_prompt_tokens
+        for d in chunk.deltas:
+            self.completion[p] += len(d.token_ids)
+        if chunk.usage is not None:
+            self.final[p] = chunk.usage
+
+    def total(self) -> Usage:
+        prompt = completion = 0
+        for p in range(len(self.prompt)):
+            u = self.final.get(p)
+            prompt += u.prompt_tokens if u else self.prompt[p]
+            completion += u.completion_tokens if u else self.completion[p]
+        return Usage(prompt, completion)
+
+
+async def _merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Items of several streams as they come, tagged with the stream's position."""
+    if len(streams) == 1:
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await _aclose(streams[0])
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((i, item))
+        except Exception as exc:
+            await queue.put((i, exc))
+        finally:
+            queue.put_nowait((i, _END))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await _aclose(stream)
+
+
+async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await _aclose(rest)
+
+
+async def _prime(stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Await the first item now (so errors surface before a response starts); the rest stays lazy."""
+    try:
+        first = await stream.__anext__()
+    except StopAsyncIteration:
+        return stream
+    except BaseException:
+        await _aclose(stream)
+        raise
+    return _chain(first, stream)
+
+
+# ---------------------------------------------------------------------------------------------- serving
+class OpenAIServing:
+    """Everything behind the OpenAI routes, for one backend."""
+
+    def __init__(self, backend: Backend, metrics: ServingMetrics | None = None) -> None:
+        self.backend = backend
+        self.metrics = metrics or ServingMetrics(backend.served_model_name, backend.stats)
+
+    @property
+    def model_names(self) -> list[str]:
+        return [self.backend.served_model_name]
+
+    def check_model(self, model: str | None) -> str:
+        if model is None or model in self.model_names:
+            return self.backend.served_model_name
+        raise model_not_found(model, self.model_names)
+
+    # -------------------------------------------------------------------------------------- simple routes
+    async def health(self) -> HealthStatus:
+        try:
+            return await self.backend.health()
+        except Exception as exc:
+            return HealthStatus(False, f"health check failed: {exc}")
+
+    async def list_models(self) -> dict[str, Any]:
+        cards = await self.backend.models()
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": c.id,
+                    "object": "model",
+                    "created": c.created,
+                    "owned_by": c.owned_by,
+                    "root": c.root,
+                    "parent": None,
+                    "max_model_len": c.max_model_len,
+                }
+                for c in cards
+            ],
+        }
+
+    async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
+        self.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("send exactly one of 'prompt' or 'messages'", "prompt")
+        if req.messages is not None:
+            tokens = await self.backend.tokenize(
+                messages=_messages(req.messages),
+                add_special_tokens=bool(req.add_special_tokens),
+                add_generation_prompt=req.add_generation_prompt,
+            )
+        else:
+            add = True if req.add_special_tokens is None else req.add_special_tokens
+            tokens = await self.backend.tokenize(prompt=req.prompt, add_special_tokens=add)
+        return {"count": len(tokens), "max_model_len": self.backend.max_model_len, "tokens": tokens, "token_strs": None}
+
+    async def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
+        self.check_model(req.model)
+        return {"prompt": await self.backend.detokenize(req.tokens)}
+
+    # -------------------------------------------------------------------------------------- generation
+    async def _open(self, requests: Sequence[GenerationRequest]) -> list[AsyncIterator[GenerationChunk]]:
+        streams: list[AsyncIterator[GenerationChunk]] = []
+        try:
+            for request in requests:
+                stream = await self.backend.generate(request)
+                streams.append(self._tracked(stream, request.arrival_time))
+        except BaseException:
+            for stream in streams:
+                await _aclose(stream)
+            raise
+        return streams
+
+    async def _tracked(self, stream: AsyncIterator[GenerationChunk], arrival: float) -> AsyncIterator[GenerationChunk]:
+        """Observe the vLLM per-request metrics as chunks pass; always close the backend stream."""
+        m = self.metrics
+        last: float | None = None
+        prompt = generated = 0
+        reason: str | None = None
+        try:
+            async for chunk in stream:
+                now = time.monotonic()
+                if any(d.token_ids or d.text for d in chunk.deltas):
+                    if last is None:
+                        m.observe_ttft(now - arrival)
+                    else:
+                        m.observe_itl(now - last)
+                    last = now
+                if chunk.queue_time is not None:
+                    m.observe_queue_time(chunk.queue_time)
+                for d in chunk.deltas:
+                    generated += len(d.token_ids)
+                    reason = d.finish_reason or reason
+                if chunk.num_prompt_tokens is not None:
+                    prompt = chunk.num_prompt_tokens
+                if chunk.usage is not None:
+                    prompt, generated = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                if chunk.finished:
+                    m.observe_finished(
+                        e2e=now - arrival, prompt_tokens=prompt, generation_tokens=generated, reason=reason or "stop"
+                    )
+                yield chunk
+        finally:
+            await _aclose(stream)
+
+    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
+        model = self.check_model(req.model)
+        params = chat_sampling_params(req)
+        messages = _messages(req.messages)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        request = GenerationRequest(
+            rid,
+            params,
+            messages=messages,
+            add_generation_prompt=req.add_generation_prompt,
+            chat_template_kwargs=dict(req.chat_template_kwargs or {}),
+            priority=req.priority,
+        )
+        (stream,) = await self._open([request])
+        created = int(time.time())
+        want_logprobs = bool(req.logprobs)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            primed = await _prime(stream)
+            return self._chat_sse(rid, created, model, primed, params.n, include_usage, want_logprobs)
+        choices = [_Choice() for _ in range(params.n)]
+        tally = _UsageTally(1)
+        try:
+            async for chunk in stream:
+                tally.add(0, chunk)
+                _collect(choices, chunk, 0)
+        finally:
+            await _aclose(stream)
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": "".join(c.text)},
+                    "logprobs": chat_logprobs(c.logprobs) if want_logprobs else None,
+                    "finish_reason": c.finish_reason or "stop",
+                }
+                for i, c in enumerate(choices)
+            ],
+            "usage": usage_body(tally.total()),
+            "system_fingerprint": None,
+        }
+
+    async def _chat_sse(
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        stream: AsyncIterator[GenerationChunk],
+        n: int,
+        include_usage: bool,
+        want_logprobs: bool,
+    ) -> AsyncIterator[bytes]:
+        head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        head["system_fingerprint"] = None
+        if include_usage:
+            head["usage"] = None
+        tally = _UsageTally(1)
+        try:
+            for i in range(n):
+                role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                yield _sse({**head, "choices": [role]})
+            async for chunk in stream:
+                tally.add(0, chunk)
+                choices = []
+                for d in chunk.deltas:
+                    entries = d.logprobs if want_logprobs else None
+                    if not (d.text or d.finish_reason or entries):
+                        continue
+                    choices.append(
+                        {
+                            "index": d.index,
+                            "delta": {"content": d.text} if d.text or entries else {},
+                            "logprobs": chat_logprobs(entries) if entries else None,
+                            "finish_reason": d.finish_reason,
+                        }
+                    )
+                if choices:
+                    yield _sse({**head, "choices": choices})
+            if include_usage:
+                yield _sse({**head, "choices": [], "usage": usage_body(tally.total())})
+        except BackendError as exc:
+            yield _sse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code))
+        finally:
+            await _aclose(stream)
+        yield DONE
+
+    async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
+        model = self.check_model(req.model)
+        params = completion_sampling_params(req)
+        prompts = completion_prompts(req)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        requests = [
+            GenerationRequest(f"{rid}-{i}", params, prompt=p, priority=req.priority) for i, p in enumerate(prompts)
+        ]
+        echo_texts: list[str] = []
+        if req.echo:
+            for p in prompts:
+                echo_texts.append(p if isinstance(p, str) else await self.backend.detokenize(p))
+        streams = await self._open(requests)
+        created = int(time.time())
+        n = params.n
+        want_logprobs = req.logprobs is not None
+        merged = _merge(streams)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            primed = await _prime(merged)
+            return self._completion_sse(
+                rid, created, model, primed, len(prompts), n, include_usage, want_logprobs, echo_texts
+            )
+        choices = [_Choice() for _ in range(len(prompts) * n)]
+        tally = _UsageTally(len(prompts))
+        try:
+            async for p, chunk in merged:
+                tally.add(p, chunk)
+                _collect(choices, chunk, p * n)
+        finally:
+            await _aclose(merged)
+        out = []
+        for i, c in enumerate(choices):
+            echo = echo_texts[i // n] if echo_texts else ""
+            logprobs = completion_logprobs(c.logprobs, len(echo))[0] if want_logprobs else None
+            out.append(
+                {
+                    "index": i,
+                    "text": echo + "".join(c.text),
+                    "logprobs": logprobs,
+                    "finish_reason": c.finish_reason or "stop",
+                }
+            )
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": out,
+            "usage": usage_body(tally.total()),
+            "system_fingerprint": None,
+        }
+
+    async def _completion_sse(
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        stream: AsyncIterator[tuple[int, GenerationChunk]],
+        num_prompts: int,
+        n: int,
+        include_usage: bool,
+        want_logprobs: bool,
+        echo_texts: list[str],
+    ) -> AsyncIterator[bytes]:
+        head: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        head["system_fingerprint"] = None
+        if include_usage:
+            head["usage"] = None
+        tally = _UsageTally(num_prompts)
+        offsets = [len(echo_texts[i // n]) if echo_texts else 0 for i in range(num_prompts * n)]
+        echoed = [not echo_texts] * (num_prompts * n)
+        try:
+            async for p, chunk in stream:
+                tally.add(p, chunk)
+                choices = []
+                for d in chunk.deltas:
+                    index = p * n + d.index
+                    entries = d.logprobs if want_logprobs else None
+                    text = d.text
+                    if not echoed[index]:
+                        echoed[index] = True
+                        text = echo_texts[p] + text
+                    if not (text or d.finish_reason or entries):
+                        continue
+                    logprobs = None
+                    if want_logprobs:
+                        logprobs, offsets[index] = completion_logprobs(entries or [], offsets[index])
+                    choices.append(
+                        {"index": index, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}
+                    )
+                if choices:
+                    yield _sse({**head, "choices": choices})
+            if include_usage:
+                yield _sse({**head, "choices": [], "usage": usage_body(tally.total())})
+        except BackendError as exc:
+            yield _sse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code))
+        finally:
+            await _aclose(stream)
+        yield DONE
+
+
+def _collect(choices: list[_Choice], chunk: GenerationChunk, base: int) -> None:
+    for d in chunk.deltas:
+        c = choices[base + d.index]
+        if d.text:
+            c.text.append(d.text)
+        if d.logprobs:
+            c.logprobs.extend(d.logprobs)
+        c.num_tokens += len(d.token_ids)
+        if d.finish_reason:
+            c.finish_reason = d.finish_reason
+
+
+def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        bad = m.non_text_part()
+        if bad is not None:
+            raise APIError(
+                400,
+                "only text content parts ({'type': 'text', 'text': ...}) are supported by this server",
+                param=f"messages[{i}].content[{bad}]",
+            )
+        item: dict[str, Any] = {"role": m.role, "content": m.text() or ""}
+        if m.name is not None:
+            item["name"] = m.name
+        out.append(item)
+    return out

