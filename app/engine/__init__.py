@@ -29,7 +29,18 @@ _EXPORTS: dict[str, str] = {
     "SamplingParams": "app.engine.sampling_params",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AsyncEngine",
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineQueueFullError",
+    "EngineStats",
+    "LLMEngine",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+]
 
 
 def __getattr__(name: str) -> Any:

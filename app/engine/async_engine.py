@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +87,9 @@ class AsyncEngine:
     """``AsyncEngine(engine)`` wraps an existing ``LLMEngine``; ``AsyncEngine(**kwargs)`` builds one
     (blocking: it loads the model). Start it with ``await start()`` (``generate`` also starts it)."""
 
-    def __init__(self, engine: LLMEngine | None = None, *, heartbeat_interval_s: float = 1.0, **engine_kwargs: Any) -> None:
+    def __init__(
+        self, engine: LLMEngine | None = None, *, heartbeat_interval_s: float = 1.0, **engine_kwargs: Any
+    ) -> None:
         if engine is not None and engine_kwargs:
             raise ValueError("pass an engine or engine options, not both")
         self.engine = engine if engine is not None else LLMEngine(**engine_kwargs)
@@ -106,10 +108,20 @@ class AsyncEngine:
         self.last_heartbeat: float | None = None  # time.time() of the loop's last sign of life, idle or not
         self.num_steps = 0
 
+    @classmethod
+    async def create(cls, *, heartbeat_interval_s: float = 1.0, **engine_kwargs: Any) -> AsyncEngine:
+        """Load the model on a worker thread (the event loop keeps serving meanwhile), then start."""
+        engine = await asyncio.to_thread(LLMEngine, **engine_kwargs)
+        self = cls(engine, heartbeat_interval_s=heartbeat_interval_s)
+        await self.start()
+        return self
+
     # ---- lifecycle ----
     @property
     def is_running(self) -> bool:
-        return self._task is not None and not self._task.done() and self.errored is None and not self._stopping
+        return (
+            self._task is not None and not self._task.done() and self.errored is None and not self._stopping
+        )
 
     async def start(self) -> None:
         if self.is_running:
@@ -194,7 +206,7 @@ class AsyncEngine:
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs (cumulative text; the last one has ``finished=True``). Leaving the
         loop early or being cancelled aborts the request."""
         stream = await self.add_request(prompt, sampling_params, request_id, priority)

@@ -290,7 +290,7 @@ def paged_attention(
 
     # Fast path: one sequence, nothing cached (a plain prefill): attend to the new K/V, no cache read.
     if meta.num_seqs == 1 and meta.prefills and meta.prefills[0].block_ids is None:
-        out = F.scaled_dot_product_attention(
+        single = F.scaled_dot_product_attention(
             query.transpose(0, 1).unsqueeze(0),
             key.transpose(0, 1).unsqueeze(0),
             value.transpose(0, 1).unsqueeze(0),
@@ -298,7 +298,7 @@ def paged_attention(
             scale=scale,
             enable_gqa=group > 1,
         )
-        return out[0].transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
+        return single[0].transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 
     k_blocks = kv_cache[0].view(num_blocks, -1)  # [num_blocks, block_size * kv_heads * head_dim]
     v_blocks = kv_cache[1].view(num_blocks, -1)

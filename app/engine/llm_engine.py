@@ -13,7 +13,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence as Seq
+from collections.abc import Iterable, Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +27,7 @@ from app.engine.metrics import EngineStats, RequestMetrics, StatsCollector
 from app.engine.model_runner import ModelRunner
 from app.engine.models.base import PagedCausalLM
 from app.engine.outputs import CompletionOutput, RequestOutput
-from app.engine.sampler import LogprobsMode, SampleResult, Sampler, SamplingRow, check_params_for_vocab
+from app.engine.sampler import LogprobsMode, Sampler, SampleResult, SamplingRow, check_params_for_vocab
 from app.engine.sampling_params import SamplingParams
 from app.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from app.engine.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -85,14 +86,20 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("kv_cache_memory_bytes", "max_num_batched_tokens", "max_model_len", "num_threads"):
+        for name in (
+            "kv_cache_memory_bytes",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "max_waiting",
+            "num_threads",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
-        if self.max_waiting is not None and self.max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0 or None, got {self.max_waiting}")
         if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+            )
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
 
@@ -159,7 +166,9 @@ class LLMEngine:
     """The offline/online engine core. ``LLMEngine()`` loads the default model; ``LLMEngine(model=PATH,
     **config)`` another (an HF folder or a GGUF file); keyword arguments are :class:`EngineConfig` fields."""
 
-    def __init__(self, model: str | Path | None = None, *, config: EngineConfig | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model: str | Path | None = None, *, config: EngineConfig | None = None, **kwargs: Any
+    ) -> None:
         config = self._make_config(model, config, kwargs)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -219,7 +228,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
-        self.model_name = config.served_model_name or model_config.name or str(config.model or "SmolLM2-135M-Instruct")
+        self.model_name = (
+            config.served_model_name or model_config.name or str(config.model or "SmolLM2-135M-Instruct")
+        )
         self.vocab_size = model_config.vocab_size
         eos_ids = model_config.eos_token_ids or tokenizer.eos_token_ids
         self.eos_token_id: int | None = eos_ids[0] if eos_ids else None
@@ -312,7 +323,8 @@ class LLMEngine:
     ) -> tuple[str | None, list[int]]:
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
-                prompt, prompt_token_ids = None, prompt["prompt_token_ids"]
+                prompt_token_ids = prompt["prompt_token_ids"]
+                prompt = None
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
@@ -348,7 +360,9 @@ class LLMEngine:
         vocab = self.vocab_size
         bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
-            raise ValueError(f"request {request_id!r}: prompt token id {bad!r} is outside the vocabulary (size {vocab})")
+            raise ValueError(
+                f"request {request_id!r}: prompt token id {bad!r} is outside the vocabulary (size {vocab})"
+            )
         if len(ids) > self.max_model_len:
             raise ValueError(
                 f"request {request_id!r}: the prompt has {len(ids)} tokens, more than the maximum "
@@ -377,7 +391,9 @@ class LLMEngine:
             raise EngineQueueFullError(str(exc)) from None
         want_logprobs = params.logprobs is not None
         states = [
-            _SeqState(s, self.tokenizer.incremental_detokenizer(ids, params.skip_special_tokens), want_logprobs)
+            _SeqState(
+                s, self.tokenizer.incremental_detokenizer(ids, params.skip_special_tokens), want_logprobs
+            )
             for s in group.seqs
         ]
         stop = params.stop_strings
@@ -430,8 +446,9 @@ class LLMEngine:
             else []
         )
         before = [s.num_output_tokens for s in sampling_seqs]
-        self.scheduler.update(out, {s.seq_id: r.token_id for s, r in zip(sampling_seqs, results, strict=True)})
-        self.stats.record_step()
+        self.scheduler.update(
+            out, {s.seq_id: r.token_id for s, r in zip(sampling_seqs, results, strict=True)}
+        )
 
         now = time.monotonic()
         touched: dict[str, int] = {}  # request id -> tokens it got this step
@@ -454,6 +471,7 @@ class LLMEngine:
 
         outputs: list[RequestOutput] = []
         stats = self.stats
+        itls: list[float] = []
         for request_id, count in touched.items():
             req = requests[request_id]
             first = req.metrics.first_token_time is None
@@ -461,20 +479,27 @@ class LLMEngine:
             if first:
                 req.metrics.num_cached_tokens = req.group.parent.num_cached_tokens
                 stats.record_first_token(req.metrics)
-            stats.record_tokens(count, itl)
+            elif itl is not None:
+                itls.append(itl)
             if req.group.is_finished:
                 outputs.append(self._finish(req, now))
             elif emit_unfinished:
                 outputs.append(self._make_output(req))
+        stats.record_step(sum(touched.values()), itls)
         return outputs
 
     def _update_text(self, req: _Request, st: _SeqState) -> None:
         """Bring ``st.text`` up to the sequence's tokens and apply stop strings."""
         seq = st.seq
+        if seq.status is SequenceStatus.FINISHED_STOPPED and isinstance(seq.stop_reason, str):
+            st.visible = len(st.text)  # cut at its stop string: final (held-back bytes lie beyond it)
+            return
         params = req.params
         ids = seq.output_token_ids
         end = len(ids)
-        stopped_by_token = seq.status is SequenceStatus.FINISHED_STOPPED and not isinstance(seq.stop_reason, str)
+        stopped_by_token = seq.status is SequenceStatus.FINISHED_STOPPED and not isinstance(
+            seq.stop_reason, str
+        )
         if stopped_by_token and not params.include_stop_str_in_output:
             end -= 1  # the eos / stop token id stays in token_ids but not in the text
         delta = ""
@@ -500,15 +525,17 @@ class LLMEngine:
                 return
             safe = found.safe_len
         else:  # stop strings do not count before min_tokens, but a partial one is still held back
-            safe = len(st.text) - (0 if params.include_stop_str_in_output else partial_stop_length(st.text, checker.stop))
+            safe = len(st.text) - (
+                0 if params.include_stop_str_in_output else partial_stop_length(st.text, checker.stop)
+            )
         st.visible = len(st.text) if seq.is_finished else max(st.visible, safe)
 
     def _stop_on_string(self, seq: Sequence, stop: str) -> None:
-        if seq.is_finished:
-            # Finished by length (or a stop token kept in the text) in the same step: the stop string is
-            # what the user sees, so it is the reason reported. Its blocks are already freed.
+        if seq.status is SequenceStatus.FINISHED_LENGTH:
+            # Finished by length in the same step: the stop string is what the user sees, so it is the
+            # reason reported (as vLLM does). Its blocks are already freed.
             seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
-        else:
+        elif not seq.is_finished:
             self.scheduler.finish_sequence(seq, SequenceStatus.FINISHED_STOPPED, stop)
 
     def _make_output(self, req: _Request) -> RequestOutput:
@@ -610,7 +637,9 @@ class LLMEngine:
         else:
             params_list = list(sampling_params)
             if len(params_list) != n:
-                raise ValueError(f"{len(params_list)} sampling_params for {n} prompts: pass one, or one per prompt")
+                raise ValueError(
+                    f"{len(params_list)} sampling_params for {n} prompts: pass one, or one per prompt"
+                )
         priorities = [priority] * n if isinstance(priority, int) else list(priority)
         if len(priorities) != n:
             raise ValueError(f"{len(priorities)} priorities for {n} prompts")

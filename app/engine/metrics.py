@@ -172,10 +172,6 @@ class StatsCollector:
         self._lock = threading.Lock()
         self._stats = EngineStats()
 
-    def record_step(self) -> None:
-        with self._lock:
-            self._stats.num_steps += 1
-
     def record_first_token(self, metrics: RequestMetrics) -> None:
         with self._lock:
             self._stats.prompt_tokens += metrics.num_prompt_tokens
@@ -184,11 +180,14 @@ class StatsCollector:
             if metrics.queue_time is not None:
                 self._stats.request_queue_time_seconds.observe(metrics.queue_time)
 
-    def record_tokens(self, count: int, inter_token_latency: float | None) -> None:
+    def record_step(self, num_tokens: int, inter_token_latencies: Iterable[float] = ()) -> None:
+        """One step: its generated tokens and its requests' inter-token latencies (one lock per step)."""
         with self._lock:
-            self._stats.generation_tokens += count
-            if inter_token_latency is not None:
-                self._stats.inter_token_latency_seconds.observe(inter_token_latency)
+            self._stats.num_steps += 1
+            self._stats.generation_tokens += num_tokens
+            hist = self._stats.inter_token_latency_seconds
+            for itl in inter_token_latencies:
+                hist.observe(itl)
 
     def record_finished(self, metrics: RequestMetrics, finish_reasons: Iterable[str]) -> None:
         with self._lock:
@@ -273,7 +272,9 @@ def render_prometheus(stats: EngineStats, model_name: str, engine: str = "0") ->
         lines.append(f"vllm:{name}_sum{_labels(base)} {_num(hist.total)}")
         lines.append(f"vllm:{name}_count{_labels(base)} {hist.count}")
 
-    gauge("num_requests_running", stats.num_requests_running, "Number of requests in model execution batches.")
+    gauge(
+        "num_requests_running", stats.num_requests_running, "Number of requests in model execution batches."
+    )
     gauge("num_requests_waiting", stats.num_requests_waiting, "Number of requests waiting to be processed.")
     gauge("kv_cache_usage_perc", stats.kv_cache_usage_perc, "KV-cache usage. 1 means 100 percent usage.")
     counter("prefix_cache_queries", stats.prefix_cache_queries, "Prefix cache queries, in terms of tokens.")
@@ -290,5 +291,7 @@ def render_prometheus(stats: EngineStats, model_name: str, engine: str = "0") ->
     histogram("time_to_first_token_seconds", stats.time_to_first_token_seconds, "Time to first token.")
     histogram("inter_token_latency_seconds", stats.inter_token_latency_seconds, "Inter-token latency.")
     histogram("e2e_request_latency_seconds", stats.e2e_request_latency_seconds, "End-to-end request latency.")
-    histogram("request_queue_time_seconds", stats.request_queue_time_seconds, "Time spent in the WAITING phase.")
+    histogram(
+        "request_queue_time_seconds", stats.request_queue_time_seconds, "Time spent in the WAITING phase."
+    )
     return "\n".join(lines) + "\n"

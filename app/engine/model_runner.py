@@ -58,7 +58,9 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = torch.device(device)
-        self.kv_caches = allocate_kv_cache(model.config, num_blocks, block_size, dtype=dtype, device=self.device)
+        self.kv_caches = allocate_kv_cache(
+            model.config, num_blocks, block_size, dtype=dtype, device=self.device
+        )
         model.bind_kv_cache(self.kv_caches)
         self.timings = RunnerTimings()
 

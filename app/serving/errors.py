@@ -92,7 +92,8 @@ def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> APIError:
         return bad_request(f"'{param}' is a required property", param=param)
     if param is None and kind in ("model_attributes_type", "dict_type"):
         return bad_request(
-            "The request body must be a JSON object, sent with Content-Type: application/json.", code="invalid_json"
+            "The request body must be a JSON object, sent with Content-Type: application/json.",
+            code="invalid_json",
         )
     others = len(errors) - 1
     more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""

@@ -48,9 +48,17 @@ class _EngineStatsCollector(Collector):
         if stats is None:
             return
         gauges = (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_running),
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                stats.num_running,
+            ),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage_perc),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                stats.kv_cache_usage_perc,
+            ),
         )
         for name, doc, value in gauges:
             gauge = GaugeMetricFamily(name, doc, labels=LABELS)
@@ -59,7 +67,11 @@ class _EngineStatsCollector(Collector):
         counters = (
             ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", stats.prefix_cache_queries),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", stats.prefix_cache_hits),
-            ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats.num_preemptions),
+            (
+                "vllm:num_preemptions",
+                "Cumulative number of preemptions from the engine.",
+                stats.num_preemptions,
+            ),
         )
         for name, doc, value in counters:
             counter = CounterMetricFamily(name, doc, labels=LABELS)
@@ -75,7 +87,9 @@ class ServingMetrics:
         self.registry = CollectorRegistry()
         self.labels = [model_name, engine]
         reg = self.registry
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=reg)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=reg
+        )
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=reg
         )
@@ -144,7 +158,9 @@ class ServingMetrics:
     def observe_queue_time(self, seconds: float) -> None:
         self._queue.observe(seconds)
 
-    def observe_finished(self, *, e2e: float, prompt_tokens: int, generation_tokens: int, reason: str) -> None:
+    def observe_finished(
+        self, *, e2e: float, prompt_tokens: int, generation_tokens: int, reason: str
+    ) -> None:
         self._e2e.observe(e2e)
         self._prompt.inc(prompt_tokens)
         self._generation.inc(generation_tokens)

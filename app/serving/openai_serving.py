@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import orjson
@@ -22,6 +23,7 @@ import orjson
 from app.engine.backends.base import (
     Backend,
     BackendError,
+    ClosingStream,
     GenerationChunk,
     GenerationRequest,
     HealthStatus,
@@ -251,7 +253,12 @@ class OpenAIServing:
         else:
             add = True if req.add_special_tokens is None else req.add_special_tokens
             tokens = await self.backend.tokenize(prompt=req.prompt, add_special_tokens=add)
-        return {"count": len(tokens), "max_model_len": self.backend.max_model_len, "tokens": tokens, "token_strs": None}
+        return {
+            "count": len(tokens),
+            "max_model_len": self.backend.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,
+        }
 
     async def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
         self.check_model(req.model)
@@ -262,15 +269,17 @@ class OpenAIServing:
         streams: list[AsyncIterator[GenerationChunk]] = []
         try:
             for request in requests:
-                stream = await self.backend.generate(request)
-                streams.append(self._tracked(stream, request.arrival_time))
+                raw = await self.backend.generate(request)
+                streams.append(ClosingStream(self._tracked(raw, request.arrival_time), partial(_aclose, raw)))
         except BaseException:
             for stream in streams:
                 await _aclose(stream)
             raise
         return streams
 
-    async def _tracked(self, stream: AsyncIterator[GenerationChunk], arrival: float) -> AsyncIterator[GenerationChunk]:
+    async def _tracked(
+        self, stream: AsyncIterator[GenerationChunk], arrival: float
+    ) -> AsyncIterator[GenerationChunk]:
         """Observe the vLLM per-request metrics as chunks pass; always close the backend stream."""
         m = self.metrics
         last: float | None = None
@@ -296,7 +305,10 @@ class OpenAIServing:
                     prompt, generated = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
                 if chunk.finished:
                     m.observe_finished(
-                        e2e=now - arrival, prompt_tokens=prompt, generation_tokens=generated, reason=reason or "stop"
+                        e2e=now - arrival,
+                        prompt_tokens=prompt,
+                        generation_tokens=generated,
+                        reason=reason or "stop",
                     )
                 yield chunk
         finally:
@@ -358,14 +370,24 @@ class OpenAIServing:
         include_usage: bool,
         want_logprobs: bool,
     ) -> AsyncIterator[bytes]:
-        head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        head: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
         head["system_fingerprint"] = None
         if include_usage:
             head["usage"] = None
         tally = _UsageTally(1)
         try:
             for i in range(n):
-                role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                role = {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
                 yield _sse({**head, "choices": [role]})
             async for chunk in stream:
                 tally.add(0, chunk)
@@ -398,12 +420,15 @@ class OpenAIServing:
         prompts = completion_prompts(req)
         rid = f"cmpl-{uuid.uuid4().hex}"
         requests = [
-            GenerationRequest(f"{rid}-{i}", params, prompt=p, priority=req.priority) for i, p in enumerate(prompts)
+            GenerationRequest(f"{rid}-{i}", params, prompt=p, priority=req.priority)
+            for i, p in enumerate(prompts)
         ]
         echo_texts: list[str] = []
         if req.echo:
-            for p in prompts:
-                echo_texts.append(p if isinstance(p, str) else await self.backend.detokenize(p))
+            for prompt in prompts:
+                echo_texts.append(
+                    prompt if isinstance(prompt, str) else await self.backend.detokenize(prompt)
+                )
         streams = await self._open(requests)
         created = int(time.time())
         n = params.n

@@ -47,7 +47,7 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
             token_id = int(key)
         except ValueError:
             raise bad_request(
-                f"logit_bias keys must be token ids written as strings (e.g. {{\"50256\": -100}}), got {key!r}",
+                f'logit_bias keys must be token ids written as strings (e.g. {{"50256": -100}}), got {key!r}',
                 "logit_bias",
             ) from None
         if token_id < 0:
@@ -74,7 +74,14 @@ def _common(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
         "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
     }
-    for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+    for name in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ):
         value = getattr(req, name)
         if value is not None:
             kwargs[name] = value

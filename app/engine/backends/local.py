@@ -41,10 +41,10 @@ def default_served_name(model: str | None, served_model_name: str | None = None)
 def resolve_hf_folder(model: str | None) -> Path:
     """An ordinary Hugging Face folder for ``model``: itself, or the converted cache of a GGUF file
     (the default SmolLM2 when ``None``), converting it once if needed."""
-    from app.engine.loading import cache, default_model_path, read_checkpoint
-
     if model is not None and Path(model).expanduser().is_dir():
-        return Path(model).expanduser()
+        return Path(model).expanduser().resolve()
+    from app.engine.loading import cache, default_model_path, read_checkpoint  # torch: only when converting
+
     source = default_model_path() if model is None else Path(model).expanduser()
     if not source.exists():
         raise FileNotFoundError(f"model {source} does not exist (models are never downloaded)")
@@ -55,7 +55,7 @@ def resolve_hf_folder(model: str | None) -> Path:
         hit = cache.lookup(source, root)
     if hit is None:
         raise RuntimeError(f"could not convert {source} into an HF folder under {root}; is it writable?")
-    return hit
+    return hit.resolve()
 
 
 class LocalBackend(Backend):
@@ -71,10 +71,14 @@ class LocalBackend(Backend):
             raise BackendUnavailableError(f"the {self.name} backend is not started yet")
         return self.codec
 
-    def _render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, **kw: Any) -> str:
+    def _render_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, **kw: Any
+    ) -> str:
         codec = self._require_codec()
         try:
-            text = codec.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, **kw)
+            text = codec.apply_chat_template(
+                list(messages), add_generation_prompt=add_generation_prompt, **kw
+            )
         except Exception as exc:  # template errors (jinja raise_exception, missing roles) are the caller's
             raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from None
         return str(text)
@@ -116,7 +120,9 @@ class LocalBackend(Backend):
             chat_template_kwargs=request.chat_template_kwargs,
         )
         if not ids:
-            raise InvalidRequestError(f"the {param} is empty: it must contain at least one token", param=param)
+            raise InvalidRequestError(
+                f"the {param} is empty: it must contain at least one token", param=param
+            )
         limit = self.max_model_len
         max_tokens = request.params.max_tokens
         if limit is not None:

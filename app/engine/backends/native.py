@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.engine.backends.base import (
     BackendUnavailableError,
+    ClosingStream,
     EngineStats,
     GenerationChunk,
     GenerationRequest,
@@ -45,6 +46,7 @@ class NativeBackend(LocalBackend):
         served_model_name: str | None = None,
         max_waiting: int = 256,
         health_stall_seconds: float = 30.0,
+        scheduling_policy: str = "fcfs",
         engine: AsyncEngine | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
@@ -52,6 +54,7 @@ class NativeBackend(LocalBackend):
         self.model_path = model
         self.max_waiting = max_waiting
         self.health_stall_seconds = health_stall_seconds
+        self.scheduling_policy = scheduling_policy
         self.engine: AsyncEngine | None = engine
         self.engine_kwargs = dict(engine_kwargs or {})
         self._owns_engine = engine is None
@@ -64,13 +67,18 @@ class NativeBackend(LocalBackend):
             served_model_name=settings.served_model_name,
             max_waiting=settings.max_waiting,
             health_stall_seconds=settings.health_stall_seconds,
+            scheduling_policy=settings.scheduling_policy,
         )
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def _build_engine(self) -> AsyncEngine:
         from app.engine.async_engine import AsyncEngine
 
-        kwargs: dict[str, Any] = {"max_waiting": self.max_waiting, **self.engine_kwargs}
+        kwargs: dict[str, Any] = {
+            "max_waiting": self.max_waiting,
+            "scheduling_policy": self.scheduling_policy,
+            **self.engine_kwargs,
+        }
         return AsyncEngine(model=self.model_path, **kwargs)
 
     async def start(self) -> None:
@@ -83,6 +91,7 @@ class NativeBackend(LocalBackend):
         self.codec = core.tokenizer
         self.vocab_size = int(core.vocab_size)
         self.max_model_len = int(core.max_model_len)
+        self.scheduling_policy = core.config.scheduling_policy
         self._started = True
 
     async def stop(self) -> None:
@@ -132,6 +141,12 @@ class NativeBackend(LocalBackend):
         from app.engine.async_engine import EngineDeadError, EngineQueueFullError
 
         engine = self._require_engine()
+        if request.priority and self.scheduling_policy != "priority":
+            raise InvalidRequestError(
+                "priority is only honoured with priority scheduling: start the server with "
+                "INF_ENGINE_SCHEDULING_POLICY=priority, or send priority 0",
+                param="priority",
+            )
         ids = self.prepare(request)
         try:
             stream = await engine.add_request(ids, request.params, request.request_id, request.priority)
@@ -141,9 +156,11 @@ class NativeBackend(LocalBackend):
             raise BackendUnavailableError(str(exc)) from None
         except ValueError as exc:
             raise InvalidRequestError(str(exc), param="messages" if request.is_chat else "prompt") from None
-        return self._stream(request, len(ids), stream)
+        return ClosingStream(self._stream(request, len(ids), stream), stream.abort)
 
-    async def _stream(self, request: GenerationRequest, num_prompt: int, stream: RequestStream) -> AsyncIterator[GenerationChunk]:
+    async def _stream(
+        self, request: GenerationRequest, num_prompt: int, stream: RequestStream
+    ) -> AsyncIterator[GenerationChunk]:
         from app.engine.async_engine import EngineDeadError
 
         rid = request.request_id
@@ -191,5 +208,7 @@ class NativeBackend(LocalBackend):
         for token_id, entry in zip(token_ids, entries, strict=False):
             ranked = sorted(entry.items(), key=lambda kv: -kv[1])[:k]
             top = tuple(TopLogprob(self.token_str(t), v, t) for t, v in ranked)
-            out.append(TokenLogprob(self.token_str(token_id), entry.get(token_id, float("-inf")), token_id, top))
+            out.append(
+                TokenLogprob(self.token_str(token_id), entry.get(token_id, float("-inf")), token_id, top)
+            )
         return out

@@ -10,6 +10,7 @@ upstream connection, which makes vLLM abort the request.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from app.engine.backends.base import (
     Backend,
     BackendError,
     BackendUnavailableError,
+    ClosingStream,
     GenerationChunk,
     GenerationRequest,
     HealthStatus,
@@ -37,6 +39,7 @@ from app.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from app.settings import Settings
 
+log = logging.getLogger(__name__)
 _HEALTH_TTL = 1.0  # seconds a health answer is reused (probes may come often)
 
 
@@ -98,7 +101,12 @@ class OpenAIProxyBackend(Backend):
         if not self.served_model_name:
             self.served_model_name = str(self.upstream_model)
         if self.max_model_len is None:
-            for card in await self._upstream_models():
+            try:
+                cards = await self._upstream_models()
+            except BackendError as exc:  # the model is known: serve, and let /health report the upstream
+                log.warning("the upstream server at %s does not answer yet: %s", self.base_url, exc.message)
+                cards = []
+            for card in cards:
                 if card.get("id") == self.upstream_model and isinstance(card.get("max_model_len"), int):
                     self.max_model_len = card["max_model_len"]
 
@@ -239,9 +247,11 @@ class OpenAIProxyBackend(Backend):
             finally:
                 resp.release()
             raise _upstream_error(resp.status, raw, self.base_url)
-        return self._stream(request, resp)
+        return ClosingStream(self._stream(request, resp), resp.close)
 
-    async def _stream(self, request: GenerationRequest, resp: aiohttp.ClientResponse) -> AsyncIterator[GenerationChunk]:
+    async def _stream(
+        self, request: GenerationRequest, resp: aiohttp.ClientResponse
+    ) -> AsyncIterator[GenerationChunk]:
         chat = request.is_chat
         done = False
         try:
@@ -262,18 +272,33 @@ class OpenAIProxyBackend(Backend):
                 if not isinstance(event, dict):
                     continue
                 if "error" in event:
-                    err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
-                    raise BackendError(
-                        f"the upstream server failed mid-stream: {err.get('message')}", status=502, type="upstream_error"
+                    err = (
+                        event["error"]
+                        if isinstance(event["error"], dict)
+                        else {"message": str(event["error"])}
                     )
-                deltas = [_delta(choice, chat) for choice in event.get("choices") or [] if isinstance(choice, dict)]
+                    raise BackendError(
+                        f"the upstream server failed mid-stream: {err.get('message')}",
+                        status=502,
+                        type="upstream_error",
+                    )
+                deltas = [
+                    d
+                    for choice in event.get("choices") or []
+                    if isinstance(choice, dict)
+                    and ((d := _delta(choice, chat)).text or d.token_ids or d.logprobs or d.finish_reason)
+                ]
                 usage = _usage(event.get("usage"))
                 if deltas:
                     yield GenerationChunk(request.request_id, deltas)
                 if usage is not None and not event.get("choices"):
                     done = True
                     yield GenerationChunk(
-                        request.request_id, [], num_prompt_tokens=usage.prompt_tokens, finished=True, usage=usage
+                        request.request_id,
+                        [],
+                        num_prompt_tokens=usage.prompt_tokens,
+                        finished=True,
+                        usage=usage,
                     )
             if not done:
                 yield GenerationChunk(request.request_id, [], finished=True)
@@ -358,7 +383,10 @@ def _logprobs(raw: Any, chat: bool) -> list[TokenLogprob] | None:
                 str(e.get("token", "")),
                 float(e.get("logprob", 0.0)),
                 None,
-                tuple(TopLogprob(str(t.get("token", "")), float(t.get("logprob", 0.0))) for t in e.get("top_logprobs") or []),
+                tuple(
+                    TopLogprob(str(t.get("token", "")), float(t.get("logprob", 0.0)))
+                    for t in e.get("top_logprobs") or []
+                ),
             )
             for e in raw.get("content") or []
         ]
@@ -370,7 +398,11 @@ def _logprobs(raw: Any, chat: bool) -> list[TokenLogprob] | None:
         top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
         value = values[i] if i < len(values) and values[i] is not None else 0.0
         alternatives = sorted(top.items(), key=lambda kv: -kv[1])
-        out.append(TokenLogprob(str(token), float(value), None, tuple(TopLogprob(t, float(v)) for t, v in alternatives)))
+        out.append(
+            TokenLogprob(
+                str(token), float(value), None, tuple(TopLogprob(t, float(v)) for t, v in alternatives)
+            )
+        )
     return out
 
 
@@ -415,4 +447,6 @@ def _upstream_error(status: int, body: bytes, base_url: str) -> BackendError:
             status=502,
             type="upstream_error",
         )
-    return BackendError(f"the upstream server answered {status}: {message}", status=502, type="upstream_error")
+    return BackendError(
+        f"the upstream server answered {status}: {message}", status=502, type="upstream_error"
+    )

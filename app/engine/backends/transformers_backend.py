@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.engine.backends.base import (
     BackendUnavailableError,
+    ClosingStream,
     EngineStats,
     GenerationChunk,
     GenerationRequest,
@@ -46,21 +47,28 @@ class _HFCodec:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        # transformers' fast tokenizers reconfigure truncation/padding on their Rust object per call, which
+        # fails ("Already borrowed") when two threads (requests, the generation thread) use it at once.
+        self._lock = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        with self._lock:
+            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+        with self._lock:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any
+    ) -> str:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; use /v1/completions with a plain prompt")
-        return str(
-            self.tokenizer.apply_chat_template(
+        with self._lock:
+            text = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kw
             )
-        )
+        return str(text)
 
 
 class TransformersBackend(LocalBackend):
@@ -109,10 +117,15 @@ class TransformersBackend(LocalBackend):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         folder = resolve_hf_folder(self.model_path)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+        model = model.to(self.device).eval()
         eos: list[int] = []
-        for source in (model.generation_config.eos_token_id, model.config.eos_token_id, tokenizer.eos_token_id):
+        for source in (
+            model.generation_config.eos_token_id,
+            model.config.eos_token_id,
+            tokenizer.eos_token_id,
+        ):
             for token_id in source if isinstance(source, list | tuple) else [source]:
                 if isinstance(token_id, int) and token_id not in eos:
                     eos.append(token_id)
@@ -146,7 +159,8 @@ class TransformersBackend(LocalBackend):
 
     # ------------------------------------------------------------------------------------------ generation
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        if self._executor is None or self.hf_model is None:
+        executor = self._executor
+        if executor is None or self.hf_model is None:
             raise BackendUnavailableError("the transformers backend is not started")
         ids = await asyncio.to_thread(self.prepare, request)
         with self._count_lock:
@@ -155,9 +169,6 @@ class TransformersBackend(LocalBackend):
                     f"the server is at capacity: {self._waiting} requests are waiting; retry later"
                 )
             self._waiting += 1
-        return self._stream(request, ids)
-
-    async def _stream(self, request: GenerationRequest, ids: list[int]) -> AsyncIterator[GenerationChunk]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         cancel = threading.Event()
@@ -168,12 +179,22 @@ class TransformersBackend(LocalBackend):
             except RuntimeError:  # the loop is gone: nobody listens any more
                 cancel.set()
 
-        assert self._executor is not None
-        started = False
         try:
-            future = loop.run_in_executor(self._executor, self._run_request, ids, request, emit, cancel)
-            started = True
-            future.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
+            future = loop.run_in_executor(executor, self._run_request, ids, request, emit, cancel)
+        except RuntimeError:  # shut down meanwhile
+            with self._count_lock:
+                self._waiting -= 1
+            raise BackendUnavailableError("the transformers backend is shutting down") from None
+        future.add_done_callback(
+            lambda f: f.cancelled() or f.exception()
+        )  # never "exception never retrieved"
+        # Closing the stream (even unread) sets ``cancel``: a queued job then returns at once, a running one
+        # stops at its next token.
+        return ClosingStream(self._stream(queue, cancel), cancel.set)
+
+    @staticmethod
+    async def _stream(queue: asyncio.Queue[Any], cancel: threading.Event) -> AsyncIterator[GenerationChunk]:
+        try:
             while True:
                 item = await queue.get()
                 if item is _DONE:
@@ -183,9 +204,6 @@ class TransformersBackend(LocalBackend):
                 yield item
         finally:
             cancel.set()
-            if not started:
-                with self._count_lock:
-                    self._waiting -= 1
 
     def _run_request(
         self, ids: list[int], request: GenerationRequest, emit: Callable[[Any], None], cancel: threading.Event

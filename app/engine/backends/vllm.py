@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from app.engine.backends.openai_proxy import OpenAIProxyBackend
 if TYPE_CHECKING:
     from app.settings import Settings
 
+log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 20.0
 
 
@@ -52,7 +54,9 @@ class VLLMBackend(OpenAIProxyBackend):
         env: dict[str, str] | None = None,
     ) -> None:
         name = default_served_name(model, served_model_name)
-        super().__init__(base_url="http://127.0.0.1:0/v1", upstream_model=name, served_model_name=name, timeout=timeout)
+        super().__init__(
+            base_url="http://127.0.0.1:0/v1", upstream_model=name, served_model_name=name, timeout=timeout
+        )
         self.python = Path(python)
         self.model_path = model
         self.extra_args = list(extra_args or [])
@@ -116,6 +120,7 @@ class VLLMBackend(OpenAIProxyBackend):
             )
         finally:
             os.close(fd)
+        log.info("started vLLM (pid %d) on port %d; its log: %s", self.process.pid, self.port, self.log_path)
         try:
             await self._wait_ready()
             await super().start()

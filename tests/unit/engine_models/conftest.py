@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,20 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     ),
     "gpt2": dict(kind="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=256),
 }
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Run this package on one intra-op thread, restored afterwards.
+
+    The models here are small (tiny ones entirely, SmolLM2 at batch <= 3), so a second thread buys little;
+    on a shared, oversubscribed machine OpenMP's spinning barriers made the same tests 10x slower and
+    pushed them past the per-test timeout. Results do not depend on it: ours and the reference run alike.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def build_hf_model(name: str) -> Any:

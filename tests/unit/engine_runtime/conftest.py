@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from app.engine.llm_engine import LLMEngine
 from tests.unit.engine_models.conftest import TINY_CONFIGS, VOCAB, build_hf_model
@@ -33,6 +34,16 @@ def loaded(tiny: dict[str, tuple[Path, Any]]) -> dict[str, tuple[Any, Any, Any]]
     from app.engine.loading import load_model
 
     return {name: load_model(folder) for name, (folder, _) in tiny.items()}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine spinning OpenMP
+    threads make them ~40x slower. Restored afterwards: the setting is process-wide."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -37,7 +37,9 @@ def test_greedy_matches_transformers(name: str, tiny: dict[str, tuple[Path, Any]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def test_text_prompt_and_logprob_match_transformers(tiny: dict[str, tuple[Path, Any]], make_engine: Callable[..., LLMEngine]) -> None:
+def test_text_prompt_and_logprob_match_transformers(
+    tiny: dict[str, tuple[Path, Any]], make_engine: Callable[..., LLMEngine]
+) -> None:
     _, hf = tiny["llama_gqa_llama3"]
     engine = make_engine()
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
@@ -100,7 +102,9 @@ def test_preemption_gives_same_tokens(make_engine: Callable[..., LLMEngine]) -> 
 
 
 @pytest.mark.parametrize("options", [dict(max_num_batched_tokens=7), dict(enable_chunked_prefill=False)])
-def test_chunked_and_unchunked_prefill_same_tokens(options: dict[str, Any], make_engine: Callable[..., LLMEngine]) -> None:
+def test_chunked_and_unchunked_prefill_same_tokens(
+    options: dict[str, Any], make_engine: Callable[..., LLMEngine]
+) -> None:
     prompts = random_prompts(6, 10, 50, seed=6)
     reference = tokens(make_engine().generate(prompts, GREEDY))
     assert tokens(make_engine(**options).generate(prompts, GREEDY)) == reference
@@ -117,3 +121,17 @@ def test_priority_policy_same_tokens(make_engine: Callable[..., LLMEngine]) -> N
     assert first is not None and last is not None
     assert first.finished_time is not None and last.finished_time is not None
     assert first.finished_time < last.finished_time
+
+
+def test_preemption_with_n_and_seeded_sampling(make_engine: Callable[..., LLMEngine]) -> None:
+    prompts = random_prompts(6, 10, 30, seed=8)
+    params = SamplingParams(n=3, temperature=0.9, top_k=40, seed=5, max_tokens=24, ignore_eos=True)
+    roomy = make_engine(block_size=4)
+    cfg = roomy.model_config
+    per_block = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * cfg.head_dim * 4
+    tight = make_engine(block_size=4, kv_cache_memory_bytes=40 * per_block)
+    expected = [[c.token_ids for c in o.outputs] for o in roomy.generate(prompts, params)]
+    got = [[c.token_ids for c in o.outputs] for o in tight.generate(prompts, params)]
+    assert got == expected
+    assert tight.get_stats().num_preemptions > 0
+    assert tight.block_manager.num_free_blocks == tight.block_manager.num_blocks

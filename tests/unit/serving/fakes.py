@@ -9,6 +9,7 @@ from typing import Any
 
 from app.engine.backends.base import (
     Backend,
+    ClosingStream,
     EngineStats,
     GenerationChunk,
     GenerationRequest,
@@ -67,7 +68,12 @@ class FakeBackend(Backend):
         return self.healthy
 
     def stats(self) -> EngineStats:
-        return EngineStats(num_running=len(self.active), kv_cache_usage_perc=0.25, prefix_cache_queries=10, prefix_cache_hits=4)
+        return EngineStats(
+            num_running=len(self.active),
+            kv_cache_usage_perc=0.25,
+            prefix_cache_queries=10,
+            prefix_cache_hits=4,
+        )
 
     async def tokenize(
         self,
@@ -87,18 +93,27 @@ class FakeBackend(Backend):
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if request.prompt == "" or request.prompt == []:
-            raise InvalidRequestError("the prompt is empty: it must contain at least one token", param="prompt")
+            raise InvalidRequestError(
+                "the prompt is empty: it must contain at least one token", param="prompt"
+            )
         if self.max_in_flight is not None and len(self.active) >= self.max_in_flight:
             raise QueueFullError("the fake backend is full; retry later")
         self.requests.append(request)
         self.active.add(request.request_id)
-        return self._stream(request)
+        return ClosingStream(self._stream(request), lambda: self._closed(request.request_id))
+
+    def _closed(self, request_id: str) -> None:
+        if request_id in self.active:  # closed before it finished (maybe before it ever ran)
+            self.active.discard(request_id)
+            self.aborted.append(request_id)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         p = request.params
         rid = request.request_id
-        prompt_tokens = len(await self.tokenize(prompt=request.prompt if isinstance(request.prompt, str) else None,
-                                                 messages=request.messages)) if not isinstance(request.prompt, list) else len(request.prompt)  # fmt: skip
+        if isinstance(request.prompt, list):
+            prompt_tokens = len(request.prompt)
+        else:
+            prompt_tokens = len(await self.tokenize(prompt=request.prompt, messages=request.messages))
         total = 0
         finished = False
         try:
@@ -119,7 +134,10 @@ class FakeBackend(Backend):
                     out = matcher.feed(ch)
                     logprobs = None
                     if p.logprobs is not None:
-                        top = tuple(TopLogprob(chr(ord(ch) + j), -0.1 * (j + 1), ord(ch) + j) for j in range(p.logprobs))
+                        top = tuple(
+                            TopLogprob(chr(ord(ch) + j), -0.1 * (j + 1), ord(ch) + j)
+                            for j in range(p.logprobs)
+                        )
                         logprobs = [TokenLogprob(ch, -0.5, ord(ch), top)]
                     reason = "stop" if matcher.stopped is not None else ("length" if count >= limit else None)
                     if reason == "length":
@@ -134,6 +152,7 @@ class FakeBackend(Backend):
             finished = True
             yield GenerationChunk(rid, [], finished=True, usage=Usage(prompt_tokens, total))
         finally:
-            self.active.discard(rid)
-            if not finished:
-                self.aborted.append(rid)
+            if finished:
+                self.active.discard(rid)
+            else:
+                self._closed(rid)

@@ -32,8 +32,10 @@ def make_backend(kind: str, model: Path | None, *, max_waiting: int = 256, **eng
     if kind == "native":
         from app.engine.backends.native import NativeBackend
 
-        options = {"kv_cache_memory_bytes": 64 << 20, **engine_kwargs}  # small: tests start fast
-        return NativeBackend(model=None if model is None else str(model), max_waiting=max_waiting, engine_kwargs=options)
+        options = {"kv_cache_memory_bytes": 64 << 20, "warmup": False, **engine_kwargs}  # tests start fast
+        return NativeBackend(
+            model=None if model is None else str(model), max_waiting=max_waiting, engine_kwargs=options
+        )
     if kind == "transformers":
         from app.engine.backends.transformers_backend import TransformersBackend
 
@@ -49,7 +51,9 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
-        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=2
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -27,10 +27,13 @@ SAMPLING: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "max_tokens": (st.integers(1, 6), st.integers(-3, 0) | st.just(10**9) | st.just(2**40) | junk),
     "temperature": (st.floats(0, 2), st.floats(-5, -0.01) | st.floats(allow_nan=True) | junk),
     "top_p": (unit, st.floats(-1, 0) | st.floats(1.01, 9) | junk),
-    "top_k": (st.integers(-1, 50), st.integers(-10**6, -2) | st.integers(10**5, 10**12) | junk),
+    "top_k": (st.integers(-1, 50), st.integers(-(10**6), -2) | st.integers(10**5, 10**12) | junk),
     "min_p": (st.floats(0, 1), st.floats(1.01, 5) | st.floats(-5, -0.01) | junk),
     "n": (st.integers(1, 2), st.integers(-3, 0) | st.integers(129, 10**9) | junk),
-    "stop": (st.none() | text.filter(bool) | st.lists(text.filter(bool), max_size=3), st.lists(text, max_size=3) | junk),
+    "stop": (
+        st.none() | text.filter(bool) | st.lists(text.filter(bool), max_size=3),
+        st.lists(text, max_size=3) | junk,
+    ),
     "stop_token_ids": (st.lists(st.integers(0, 300), max_size=3), wild_ids | junk),
     "seed": (st.integers(0, 2**32), st.integers(2**64, 2**70) | st.integers(-(2**70), -(2**63) - 1) | junk),
     "presence_penalty": (st.floats(-2, 2), st.floats(2.01, 100) | junk),
@@ -38,7 +41,9 @@ SAMPLING: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "repetition_penalty": (st.floats(0.5, 2), st.floats(-3, 0) | junk),
     "logit_bias": (
         st.dictionaries(st.sampled_from(["0", "5", "100", "300"]), st.floats(-100, 100), max_size=3),
-        st.dictionaries(st.sampled_from(["319", "320", "-1", "x", "99999", "1e3"]), st.floats(-150, 150), max_size=3)
+        st.dictionaries(
+            st.sampled_from(["319", "320", "-1", "x", "99999", "1e3"]), st.floats(-150, 150), max_size=3
+        )
         | junk,
     ),
     "user": (text, junk),
@@ -53,13 +58,16 @@ SAMPLING: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
 
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]), "content": text})
 part = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": text})
-wild_message = st.fixed_dictionaries({"role": st.sampled_from(["", "tool", "x"]) | junk, "content": junk}) | st.fixed_dictionaries(
-    {"role": st.just("user"), "content": st.lists(part, max_size=2)}
-)
+wild_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["", "tool", "x"]) | junk, "content": junk}
+) | st.fixed_dictionaries({"role": st.just("user"), "content": st.lists(part, max_size=2)})
 
 CHAT: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     **SAMPLING,
-    "messages": (st.lists(message, min_size=1, max_size=3), st.lists(message | wild_message, max_size=3) | junk),
+    "messages": (
+        st.lists(message, min_size=1, max_size=3),
+        st.lists(message | wild_message, max_size=3) | junk,
+    ),
     "max_completion_tokens": (st.integers(1, 6), st.integers(-3, 0) | st.just(10**9) | junk),
     "logprobs": (st.booleans(), junk),
     "top_logprobs": (st.integers(0, 5), st.integers(-3, -1) | st.integers(21, 10**6) | junk),
@@ -67,7 +75,10 @@ CHAT: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
 COMPLETION: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     **SAMPLING,
     "prompt": (
-        text.filter(bool) | st.lists(text.filter(bool), min_size=1, max_size=2) | ids | st.lists(ids, min_size=1, max_size=2),
+        text.filter(bool)
+        | st.lists(text.filter(bool), min_size=1, max_size=2)
+        | ids
+        | st.lists(ids, min_size=1, max_size=2),
         st.just("") | st.just([]) | st.just([[]]) | wild_ids | st.lists(wild_ids, max_size=2) | junk,
     ),
     "logprobs": (st.integers(0, 5) | st.none(), st.integers(-3, -1) | st.integers(21, 10**6) | junk),
@@ -79,7 +90,9 @@ REQUIRED = {"messages", "prompt"}
 
 
 @st.composite
-def _body(draw: st.DrawFn, fields: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]]) -> dict[str, Any]:
+def _body(
+    draw: st.DrawFn, fields: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]]
+) -> dict[str, Any]:
     names = sorted(fields)
     chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=8))
     body = {name: draw(fields[name][0]) for name in names if name in REQUIRED or name in chosen}

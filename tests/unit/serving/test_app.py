@@ -94,11 +94,15 @@ def test_completions_list_of_prompts_and_n(client: TestClient) -> None:
     texts = [(c["index"], c["text"]) for c in body["choices"]]
     assert texts == [(0, "echo: first one"), (1, "echo: first one"), (2, "echo: second"), (3, "echo: second")]
     assert body["usage"]["prompt_tokens"] == len("first one") + len("second")
-    assert body["usage"]["completion_tokens"] == 2 * (len("echo: first one") + 1) + 2 * (len("echo: second") + 1)
+    assert body["usage"]["completion_tokens"] == 2 * (len("echo: first one") + 1) + 2 * (
+        len("echo: second") + 1
+    )
 
 
 def test_completion_echo_and_token_prompt(client: TestClient) -> None:
-    body = client.post("/v1/completions", json={"prompt": [ord(c) for c in "abc"], "echo": True, "max_tokens": 9}).json()
+    body = client.post(
+        "/v1/completions", json={"prompt": [ord(c) for c in "abc"], "echo": True, "max_tokens": 9}
+    ).json()
     assert body["choices"][0]["text"] == "abc" + "echo: abc"
     assert body["usage"]["prompt_tokens"] == 3
 
@@ -150,7 +154,11 @@ def test_streaming_usage_only_when_asked(client: TestClient) -> None:
     *chunks, last = events[:-1]
     assert all(c["usage"] is None and c["object"] == "text_completion" for c in chunks)
     assert "".join(c["choices"][0]["text"] for c in chunks) == "echo"
-    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert last["choices"] == [] and last["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+    }
 
 
 def test_streaming_echo(client: TestClient) -> None:
@@ -181,7 +189,9 @@ def test_unknown_model_is_404(client: TestClient) -> None:
         ("/v1/completions", {}, "prompt"),
     ],
 )  # fmt: skip
-def test_bad_requests_are_400_with_param(client: TestClient, path: str, body: dict[str, Any], param: str) -> None:
+def test_bad_requests_are_400_with_param(
+    client: TestClient, path: str, body: dict[str, Any], param: str
+) -> None:
     r = client.post(path, json=body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -189,7 +199,9 @@ def test_bad_requests_are_400_with_param(client: TestClient, path: str, body: di
 
 
 def test_invalid_json_is_400(client: TestClient) -> None:
-    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = client.post("/v1/chat/completions", json=[1, 2])
     assert r.status_code == 400
@@ -223,14 +235,21 @@ def test_health_reports_backend_state(client: TestClient, backend: FakeBackend) 
     assert r.status_code == 503 and "no step" in r.json()["error"]["message"]
 
 
-def test_request_id_round_trip_and_json_access_log(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+def test_request_id_round_trip_and_json_access_log(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="inf_engine.access"):
         r = client.get("/v1/models", headers={"X-Request-ID": "abc-123"})
         generated = client.get("/health").headers["x-request-id"]
     assert r.headers["x-request-id"] == "abc-123" and len(generated) == 32
     records = [rec for rec in caplog.records if rec.name == "inf_engine.access"]
     first = records[0].__dict__
-    assert (first["request_id"], first["method"], first["path"], first["status"]) == ("abc-123", "GET", "/v1/models", 200)
+    assert (first["request_id"], first["method"], first["path"], first["status"]) == (
+        "abc-123",
+        "GET",
+        "/v1/models",
+        200,
+    )
     assert first["latency_ms"] >= 0
     from app.serving.logs import JsonFormatter
 
@@ -258,7 +277,9 @@ def test_metrics_use_vllm_names_and_labels(client: TestClient) -> None:
     ):
         assert f"{name}{labels}" in text, name
     assert f"vllm:generation_tokens_total{labels} 3.0" in text
-    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="fake-model"} 1.0' in text
+    assert (
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="fake-model"} 1.0' in text
+    )
     assert 'http_requests_total{handler="/v1/chat/completions",method="POST",status="200"} 1.0' in text
     assert "_created" not in text
 
@@ -293,7 +314,9 @@ def test_cors_from_settings() -> None:
 def test_closing_a_stream_aborts_the_request(backend: FakeBackend) -> None:
     backend.token_delay = 0.01
     with make_client(backend) as c:
-        with c.stream("POST", "/v1/completions", json={"prompt": "abc", "max_tokens": 50, "stream": True}) as r:
+        with c.stream(
+            "POST", "/v1/completions", json={"prompt": "abc", "max_tokens": 50, "stream": True}
+        ) as r:
             next(r.iter_lines())
         import time
 
@@ -301,3 +324,12 @@ def test_closing_a_stream_aborts_the_request(backend: FakeBackend) -> None:
         while backend.active and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not backend.active and backend.aborted
+
+
+def test_a_failed_sibling_prompt_aborts_the_queued_ones() -> None:
+    backend = FakeBackend(max_in_flight=1)
+    with make_client(backend) as c:
+        for stream in (False, True):
+            r = c.post("/v1/completions", json={"prompt": ["first", "second"], "stream": stream})
+            assert r.status_code == 429
+        assert not backend.active and len(backend.aborted) == 2  # queued, never read, still aborted

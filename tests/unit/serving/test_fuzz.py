@@ -15,7 +15,7 @@ from app.settings import Settings
 from tests.unit.serving.fakes import FakeBackend
 from tests.unit.serving.strategies import any_body, chat_bodies, completion_bodies
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_completions_never_5xx(client: TestClient, body: dict[str, Any]) -> None
     check(client, "/v1/completions", body)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=any_body)
 def test_any_json_on_any_route_never_5xx(client: TestClient, body: Any) -> None:
     for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"):
