@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS, BenchRequest, build_workload, warmup_requests  # noqa: E402
+from workloads import WORKLOADS, BenchRequest, build_workload, warmup_requests
 
 MiB = 1024 * 1024
 
@@ -101,6 +101,17 @@ class TreeMemorySampler:
                 continue
         return pss
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time consumed so far by this process and its live children."""
+        total = 0.0
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except self._psutil.Error:
+                continue
+        return total
+
     def reset(self) -> None:
         with self._lock:
             self.peak_rss = 0
@@ -126,7 +137,9 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="VLLM_CPU_OMP_THREADS_BIND (default: cores 0..threads-1; 'auto' = vLLM's choice, 'nobind')",
     )
-    p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache size in GiB (0: use the fraction)")
+    p.add_argument(
+        "--kv-cache-gib", type=float, default=4.0, help="KV cache size in GiB (0: use the fraction)"
+    )
     p.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -218,9 +231,7 @@ def main() -> int:
 
     def run(requests: list[BenchRequest]) -> tuple[float, int]:
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
-        params = [
-            SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests
-        ]
+        params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
@@ -234,6 +245,7 @@ def main() -> int:
     for name in names:
         requests = build_workload(name, args.seed)
         sampler.reset()
+        cpu0 = sampler.cpu_seconds()
         row: dict[str, Any] = {
             "engine": "vllm-cpu",
             "version": vllm.__version__,
@@ -255,7 +267,9 @@ def main() -> int:
             seconds, produced = run(requests)
             expected = sum(r.max_tokens for r in requests)
             if produced != expected:
-                print(f"vllm_offline: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr)
+                print(
+                    f"vllm_offline: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr
+                )
             row.update(
                 output_tokens=produced,
                 seconds=round(seconds, 3),
@@ -265,6 +279,9 @@ def main() -> int:
         sampler.sample()
         row["peak_rss_mb"] = round(sampler.peak_rss / MiB, 1)
         row["pss_mb"] = round(sampler.pss_now() / MiB, 1)
+        # CPU seconds the vLLM processes got: about threads x seconds on a quiet machine, less when other
+        # work shares the cores (then "seconds" is inflated and the row is not a clean measurement).
+        row["cpu_s"] = round(sampler.cpu_seconds() - cpu0, 2)
         row["loadavg_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine skews timings
         row["settings"] = settings
         json_out.write(json.dumps(row) + "\n")

@@ -82,7 +82,7 @@ async def test_starts_waits_proxies_and_stops(fake_python: Path, tmp_path: Path)
 
 async def test_a_crash_at_start_quotes_the_log(fake_python: Path, tmp_path: Path) -> None:
     b = backend(fake_python, tmp_path, "crash")
-    with pytest.raises(BackendUnavailableError, match="(?s)exited with code 3.*CUDA out of memory"):
+    with pytest.raises(BackendUnavailableError, match=r"(?s)exited with code 3.*CUDA out of memory"):
         await b.start()
     assert b.process is None
 
