@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from fastapi import Request
@@ -31,3 +32,12 @@ async def require_api_key(request: Request) -> None:
         raise unauthorized(
             "Incorrect API key provided. Use one of the keys configured in INF_ENGINE_API_KEYS."
         )
+
+
+def get_owner(request: Request) -> str:
+    """Who owns what this request creates: a hash of its API key (never the key itself), or "anonymous" on a
+    server without keys. Jobs and files are visible only to their owner."""
+    if not request.app.state.settings.api_keys:
+        return "anonymous"
+    _, _, token = request.headers.get("authorization", "").partition(" ")
+    return "key-" + hashlib.sha256(token.strip().encode()).hexdigest()[:24]

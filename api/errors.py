@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.engine.backends.base import BackendError
+from app.jobs.errors import JobError
 from app.serving.errors import APIError, error_body, from_validation_errors
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,16 @@ _TYPES = {401: "invalid_request_error", 404: "invalid_request_error", 405: "inva
 
 def api_error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
+
+
+_JOB_STATUS = {"invalid_request": 400, "too_large": 413, "not_found": 404, "conflict": 409}
+
+
+def job_api_error(exc: JobError) -> APIError:
+    """The job layer's domain errors as HTTP: bad input 400, too large 413, unknown job 404, wrong state 409."""
+    status = _JOB_STATUS.get(exc.kind, 400)
+    code = exc.code or ("payload_too_large" if status == 413 else None)
+    return APIError(status, exc.message, param=exc.param, code=code)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -31,6 +42,10 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status >= 500:
             log.warning("backend error: %s", exc.message, extra={"request_id": _rid(request)})
         return api_error_response(APIError.from_backend(exc))
+
+    @app.exception_handler(JobError)
+    async def _job_error(request: Request, exc: JobError) -> JSONResponse:
+        return api_error_response(job_api_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

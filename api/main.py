@@ -1,8 +1,10 @@
 """The FastAPI application: ``create_app(settings=None, backend=None)``.
 
 The backend (from ``settings.backend`` unless given) is started in the app's lifespan and stopped at shutdown.
-Routes: /v1/models, /v1/completions, /v1/chat/completions (Bearer keys from ``settings.api_keys``),
-/tokenize, /detokenize, /health and /metrics (open).
+Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/jobs, /v1/files, /v1/batches (Bearer keys from
+``settings.api_keys``),
+/tokenize, /detokenize, /health and /metrics (open). The jobs runtime (database, embedded executor) starts in
+the lifespan when a database is configured or already exists, otherwise on the first jobs request.
 """
 
 from __future__ import annotations
@@ -15,34 +17,61 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from api.errors import install_error_handlers
 from api.middleware import RequestContextMiddleware
+from api.platform import jobs_dispatcher, platform_collector
+from api.routes import batches as batches_routes
+from api.routes import evaluations as evaluations_routes
+from api.routes import files as files_routes
+from api.routes import jobs as jobs_routes
 from api.routes import ops
+from api.routes import trainings as trainings_routes
 from api.routes.openai import extras, v1
 from app.engine.backends import Backend, create_backend
+from app.jobs.learning_runtime import LearningRuntime
+from app.jobs.runtime import JobsRuntime
 from app.serving import OpenAIServing, ServingMetrics
 from app.settings import Settings, get_settings
 
 
-def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, backend: Backend | None = None, jobs: JobsRuntime | None = None
+) -> FastAPI:
     settings = settings or get_settings()
     backend = backend or create_backend(settings)
+    # jobs: the database and the embedded executor start only once jobs are used (or exist to be resumed)
+    # (without a resources file, the jobs' pipelines call this server's own backend)
+    # with Redis configured, jobs run on Celery workers and this process only dispatches them (api/platform.py)
+    jobs = jobs or JobsRuntime(settings, backend=backend, dispatcher=jobs_dispatcher(settings))
+    learning = LearningRuntime(jobs)  # trainings and evaluations, on the jobs' database and endpoints
     metrics = ServingMetrics(backend.served_model_name, backend.stats)
+    metrics.registry.register(platform_collector(settings, jobs))  # inf_engine_* (jobs, queues, workers)
     serving = OpenAIServing(backend, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await backend.start()
         try:
+            await jobs.start_if_configured()
+            await learning.start_if_configured()
             yield
         finally:
+            await learning.stop()
+            await jobs.stop()
             await backend.stop()
 
     app = FastAPI(title="inf-engine", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.serving = serving
     app.state.backend = backend
+    app.state.jobs = jobs
+    app.state.learning = learning
     install_error_handlers(app)
     app.include_router(v1)
     app.include_router(extras)
+    app.include_router(jobs_routes.router)
+    app.include_router(files_routes.router)
+    app.include_router(batches_routes.router)
+    app.include_router(trainings_routes.router)
+    app.include_router(evaluations_routes.router)
     app.include_router(ops.router)
     if settings.cors_origins:
         app.add_middleware(

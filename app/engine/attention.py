@@ -9,7 +9,9 @@ p % block_size``.
 The metadata precomputes, once per step, everything the layers share (gather indices, masks), so a layer does
 only tensor work: write the new K/V by ``slot_mapping``, then
 
-* sequences with one query token (decodes, and any 1-token chunk) run through batched SDPA calls over their
+* sequences with one query token (decodes, and any 1-token chunk) on CPU float32 go to the C kernel
+  ``app.engine.kernels.paged_decode_attention``, which reads each sequence's K/V in place through its block
+  table. Elsewhere (CUDA, bfloat16, no compiler) they run through batched SDPA calls over their
   gathered blocks with a padding mask. Grouped-query heads ride in the query-length axis, so K/V are never
   repeated. Decodes are sorted by context length and cut into a few groups when that saves padded work (a
   short sequence batched with a long one would otherwise attend over the long one's padding);
@@ -23,6 +25,8 @@ costs more in page faults than the copy itself.
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.config import ModelConfig
+from app.engine.kernels import paged_decode_attention
 
 # Decode batches are split by context length into at most this many SDPA calls...
 MAX_DECODE_GROUPS = 4
@@ -47,20 +52,25 @@ def allocate_kv_cache(
     """One zeroed allocation, returned as per-layer views ``[2, num_blocks, block_size, kv_heads, head_dim]``.
 
     Zeroed, not empty: padded positions are masked with -inf, but ``0 * NaN`` from uninitialised memory would
-    still poison ``softmax @ V``.
+    still poison ``softmax @ V``. On CPU the memory is an anonymous mapping, which the OS zero-fills page by
+    page on first touch: a block costs RAM only once a sequence has used it, so the budget is a ceiling rather
+    than an up-front cost (``torch.zeros`` would write, and so commit, every page at start-up).
     """
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}")
-    full = torch.zeros(
-        config.num_layers,
-        2,
-        num_blocks,
-        block_size,
-        config.num_kv_heads,
-        config.head_dim,
-        dtype=dtype,
-        device=device,
-    )
+    shape = (config.num_layers, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    if torch.device(device).type == "cpu":
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        # Private, as ordinary memory is (a forked process gets a copy-on-write view, not a shared cache).
+        # The tensor keeps the mapping alive; it is unmapped when the last view is freed.
+        buf = (
+            mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+            if hasattr(mmap, "MAP_PRIVATE")
+            else mmap.mmap(-1, nbytes)
+        )
+        full = torch.frombuffer(buf, dtype=dtype).view(shape)
+    else:
+        full = torch.zeros(shape, dtype=dtype, device=device)
     return list(full.unbind(0))
 
 
@@ -89,6 +99,16 @@ class _DecodeGroup:
     block_ids: torch.Tensor  # [n * blocks_per_seq] physical blocks to gather
     mask: torch.Tensor  # [n, 1, 1, width] additive: 0 where a key exists, -inf on padding
     width: int  # gathered key slots per sequence (blocks_per_seq * block_size)
+
+
+@dataclass
+class _DecodeIndex:
+    """Every single-query sequence of the batch, for the C kernel that reads the paged cache in place."""
+
+    rows: torch.Tensor | None  # their query rows in the flat batch; None = all rows, in order
+    block_tables: torch.Tensor  # [n, blocks] int64, valid block ids (padding points at block 0)
+    context_lens: torch.Tensor  # [n] int64
+    max_context_len: int
 
 
 @dataclass
@@ -122,8 +142,10 @@ class AttentionMetadata:
     max_context_len: int = field(init=False)
     # Set by the model for the duration of its forward (scratch for gathers); None allocates per call.
     workspace: AttentionWorkspace | None = field(default=None, repr=False)
-    decode_groups: list[_DecodeGroup] = field(init=False, default_factory=list, repr=False)
+    decode_index: _DecodeIndex | None = field(init=False, default=None, repr=False)
     prefills: list[_PrefillSeq] = field(init=False, default_factory=list, repr=False)
+    _decode_groups: list[_DecodeGroup] | None = field(init=False, default=None, repr=False)
+    _cu: list[int] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.query_lens = [int(q) for q in self.query_lens]
@@ -198,29 +220,37 @@ class AttentionMetadata:
             block_size=block_size,
         )
 
+    @property
+    def decode_groups(self) -> list[_DecodeGroup]:
+        """The single-query sequences cut into SDPA calls (built on first use: the C kernel needs none)."""
+        if self._decode_groups is None:
+            self._decode_groups = self._build_decode_groups()
+        return self._decode_groups
+
     def _prepare(self, cu: list[int]) -> None:
         bs = self.block_size
         device = self.slot_mapping.device
-        # Padding entries may be -1: point them at block 0; the mask hides whatever is there.
+        self._cu = cu
+        # Padding entries may be -1: point them at block 0; the masks (or context lengths) hide it.
         tables = self.block_tables.clamp(min=0)
+        self.block_tables = tables
         decode = [i for i, q in enumerate(self.query_lens) if q == 1]
         if decode:
-            all_in_order = len(decode) == self.num_seqs
-            for group in _split_by_context(decode, self.context_lens, bs):
-                ctx = torch.tensor([self.context_lens[i] for i in group], dtype=torch.long, device=device)
-                nblocks = -(-max(self.context_lens[i] for i in group) // bs)
-                seqs = torch.tensor(group, dtype=torch.long, device=device)
-                width = nblocks * bs
-                keep = torch.arange(width, device=device)[None, :] < ctx[:, None]
-                # [n, 1, 1, width] broadcasts over kv heads and the grouped query heads.
-                mask = torch.zeros(len(group), 1, 1, width, device=device).masked_fill_(
-                    ~keep[:, None, None, :], float("-inf")
-                )
-                rows = None
-                if not (all_in_order and len(group) == self.num_seqs):
-                    rows = torch.tensor([cu[i] for i in group], dtype=torch.long, device=device)
-                block_ids = tables.index_select(0, seqs)[:, :nblocks].reshape(-1).contiguous()
-                self.decode_groups.append(_DecodeGroup(rows, block_ids, mask, width))
+            ctx = [self.context_lens[i] for i in decode]
+            max_ctx = max(ctx)
+            nblocks = -(-max_ctx // bs)
+            if len(decode) == self.num_seqs:
+                rows, dec_tables = None, tables[:, :nblocks]
+            else:
+                seqs = torch.tensor(decode, dtype=torch.long, device=device)
+                rows = torch.tensor([cu[i] for i in decode], dtype=torch.long, device=device)
+                dec_tables = tables.index_select(0, seqs)[:, :nblocks]
+            self.decode_index = _DecodeIndex(
+                rows,
+                dec_tables.contiguous(),
+                torch.tensor(ctx, dtype=torch.long, device=device),
+                max_ctx,
+            )
         for i, (q, c) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
             if q == 1:
                 continue
@@ -231,6 +261,31 @@ class AttentionMetadata:
             qpos = torch.arange(c - q, c, device=device)
             mask = torch.arange(c, device=device)[None, :] <= qpos[:, None]
             self.prefills.append(_PrefillSeq(cu[i], q, c, block_ids, mask))
+
+    def _build_decode_groups(self) -> list[_DecodeGroup]:
+        bs = self.block_size
+        device = self.slot_mapping.device
+        decode = [i for i, q in enumerate(self.query_lens) if q == 1]
+        groups: list[_DecodeGroup] = []
+        if not decode:
+            return groups
+        all_in_order = len(decode) == self.num_seqs
+        for group in _split_by_context(decode, self.context_lens, bs):
+            ctx = torch.tensor([self.context_lens[i] for i in group], dtype=torch.long, device=device)
+            nblocks = -(-max(self.context_lens[i] for i in group) // bs)
+            seqs = torch.tensor(group, dtype=torch.long, device=device)
+            width = nblocks * bs
+            keep = torch.arange(width, device=device)[None, :] < ctx[:, None]
+            # [n, 1, 1, width] broadcasts over kv heads and the grouped query heads.
+            mask = torch.zeros(len(group), 1, 1, width, device=device).masked_fill_(
+                ~keep[:, None, None, :], float("-inf")
+            )
+            rows = None
+            if not (all_in_order and len(group) == self.num_seqs):
+                rows = torch.tensor([self._cu[i] for i in group], dtype=torch.long, device=device)
+            block_ids = self.block_tables.index_select(0, seqs)[:, :nblocks].reshape(-1).contiguous()
+            groups.append(_DecodeGroup(rows, block_ids, mask, width))
+        return groups
 
 
 def _split_by_context(seqs: list[int], context_lens: list[int], block_size: int) -> list[list[int]]:
@@ -304,7 +359,18 @@ def paged_attention(
     v_blocks = kv_cache[1].view(num_blocks, -1)
     ws = meta.workspace
     out: torch.Tensor | None = None
-    for dg in meta.decode_groups:
+    dec = meta.decode_index
+    if dec is not None:
+        # The C kernel reads the decodes' K/V in place (CPU float32); otherwise gather + SDPA below.
+        out = query.new_empty(num_tokens, num_heads * head_dim)
+        if paged_decode_attention(
+            query, kv_cache, dec.block_tables, dec.context_lens, dec.max_context_len, dec.rows, scale, out
+        ):
+            if not meta.prefills:
+                return out
+        else:
+            out = None
+    for dg in meta.decode_groups if out is None else ():
         n = dg.mask.shape[0]
         k = _gather(k_blocks, dg.block_ids, "k", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
         v = _gather(v_blocks, dg.block_ids, "v", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)

@@ -215,6 +215,23 @@ class BlockManager:
         seq.num_computed_tokens = 0
         self._num_registered.pop(seq.seq_id, None)
 
+    def release_unused_blocks(self, seq: Sequence) -> int:
+        """Free the blocks at the end of ``seq``'s table that hold none of its tokens: after speculative
+        decoding, the slots reserved for proposals the model rejected. Their contents are garbage beyond
+        the sequence's length, and they were never registered in the prefix cache (only computed full
+        blocks are). Returns the number of blocks freed."""
+        keep = -(-seq.num_tokens // self.block_size)
+        extra = seq.block_table[keep:]
+        for block_id in reversed(extra):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+        return len(extra)
+
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Physical cache slots of ``seq``'s token positions [start, end)."""
         return slot_mapping(seq.block_table, self.block_size, start, end)

@@ -31,6 +31,7 @@ from app.engine.sampler import LogprobsMode, Sampler, SampleResult, SamplingRow,
 from app.engine.sampling_params import SamplingParams
 from app.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from app.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from app.engine.spec_decode import DraftModelProposer, SpeculativeConfig, SpeculativeDecoder
 from app.engine.stop_checker import StopChecker, partial_stop_length
 from app.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -81,8 +82,13 @@ class EngineConfig:
     model_cache_dir: str | Path | None = None  # the converted-GGUF cache; None: the settings' data dir
     served_model_name: str | None = None
     warmup: bool = True
+    # Speculative decoding (vLLM's keys): {"method": "ngram", "num_speculative_tokens": 4, ...} or
+    # {"method": "draft_model", "model": PATH_OR_LOADED_MODEL, ...}; a dict, a JSON string or a
+    # SpeculativeConfig. None: off.
+    speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         for name in ("block_size", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -252,6 +258,7 @@ class LLMEngine:
             block_size=config.block_size,
         )
         max_model_len = min(config.max_model_len or max_pos, num_blocks * config.block_size)
+        spec = SpeculativeConfig.parse(config.speculative_config)
         max_batched = config.max_num_batched_tokens or (
             2048 if config.enable_chunked_prefill else max(2048, max_model_len)
         )
@@ -265,6 +272,8 @@ class LLMEngine:
                 enable_chunked_prefill=config.enable_chunked_prefill,
                 long_prefill_token_threshold=config.long_prefill_token_threshold,
                 max_model_len=max_model_len,
+                num_lookahead_slots=spec.num_speculative_tokens if spec else 0,
+                lookahead_disable_batch_size=spec.disable_by_batch_size if spec else None,
             ),
             self.block_manager,
         )
@@ -273,12 +282,15 @@ class LLMEngine:
             model, num_blocks=num_blocks, block_size=config.block_size, dtype=dtype, device=device
         )
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
+        self.spec_decoder = self._make_spec_decoder(spec, num_blocks) if spec else None
         self.stats = StatsCollector()
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._empty_steps = 0
         if config.warmup:
             self.runner.warmup()
+            if self.spec_decoder is not None and self.spec_decoder.draft is not None:
+                self.spec_decoder.draft.runner.warmup()
         log.info(
             "engine ready: %s on %s/%s, %d KV blocks of %d tokens (%.0f MiB), max_model_len %d",
             self.model_name,
@@ -288,6 +300,41 @@ class LLMEngine:
             config.block_size,
             budget / (1 << 20),
             self.max_model_len,
+        )
+
+    def _make_spec_decoder(self, spec: SpeculativeConfig, num_blocks: int) -> SpeculativeDecoder:
+        draft: DraftModelProposer | None = None
+        if spec.method == "draft_model":
+            draft_model = spec.model
+            if isinstance(draft_model, str | Path):
+                from app.engine.loading import load_model
+
+                draft_model, _, _ = load_model(
+                    draft_model, dtype=self.dtype, device=self.device, cache_dir=self.config.model_cache_dir
+                )
+            if not isinstance(draft_model, PagedCausalLM):
+                raise ValueError(
+                    "speculative_config 'model' must be a path or a loaded engine model (PagedCausalLM), "
+                    f"got {type(draft_model).__name__}"
+                )
+            draft_len = draft_model.config.max_position_embeddings
+            if draft_len < self.max_model_len:
+                raise ValueError(
+                    f"the draft model's context ({draft_len}) is shorter than max_model_len "
+                    f"({self.max_model_len}); set max_model_len <= {draft_len}"
+                )
+            draft = DraftModelProposer(
+                draft_model,
+                num_blocks=num_blocks,
+                block_size=self.config.block_size,
+                target_vocab_size=self.vocab_size,
+                dtype=self.dtype,
+                device=self.device,
+                sampler=self.sampler,
+            )
+        log.info("speculative decoding: %s", spec.describe())
+        return SpeculativeDecoder(
+            spec, self.runner, self.sampler, vocab_size=self.vocab_size, draft=draft, seed=self.config.seed
         )
 
     @staticmethod
@@ -439,35 +486,46 @@ class LLMEngine:
         requests = self._requests
         for seq in out.scheduled:
             requests[seq.request_id].metrics.on_scheduled(now)
-        logits, sampling_seqs = self.runner.execute(out)
-        results: list[SampleResult] = (
-            self.sampler.sample(logits, [SamplingRow.from_sequence(s) for s in sampling_seqs])
-            if sampling_seqs
-            else []
-        )
+        results: list[list[SampleResult]]
+        if self.spec_decoder is not None and out.num_lookahead_slots:
+            # Proposals verified in the same pass: a sequence may get several tokens this step.
+            sampling_seqs, results = self.spec_decoder.execute(out)
+        else:
+            logits, sampling_seqs = self.runner.execute(out)
+            rows = [SamplingRow.from_sequence(s) for s in sampling_seqs]
+            results = [[r] for r in self.sampler.sample(logits, rows)] if sampling_seqs else []
         before = [s.num_output_tokens for s in sampling_seqs]
         self.scheduler.update(
-            out, {s.seq_id: r.token_id for s, r in zip(sampling_seqs, results, strict=True)}
+            out,
+            {
+                s.seq_id: rs[0].token_id if len(rs) == 1 else [r.token_id for r in rs]
+                for s, rs in zip(sampling_seqs, results, strict=True)
+            },
         )
 
         now = time.monotonic()
         touched: dict[str, int] = {}  # request id -> tokens it got this step
-        for seq, res, n0 in zip(sampling_seqs, results, before, strict=True):
+        for seq, seq_results, n0 in zip(sampling_seqs, results, before, strict=True):
             if seq.num_output_tokens == n0:
                 continue  # finished or aborted before its token was applied
             req = requests[seq.request_id]
             st = req.by_seq_id[seq.seq_id]
-            if st.logprobs is not None and res.logprob is not None:
-                entry = {res.token_id: res.logprob}
-                if res.top_logprobs:
-                    entry.update({k: v for k, v in res.top_logprobs.items() if k != res.token_id})
-                st.logprobs.append(entry)
-                st.cumulative_logprob = (st.cumulative_logprob or 0.0) + res.logprob
             # Text is needed now for stop strings, streaming and finished sequences; otherwise it is
-            # caught up later in one call (offline batches skip per-token detokenisation).
+            # caught up later in one call (offline batches skip per-token detokenisation). A stop string
+            # may drop tokens that landed after it in the same step.
             if req.stop_checker is not None or emit_unfinished or seq.is_finished:
                 self._update_text(req, st)
-            touched[req.request_id] = touched.get(req.request_id, 0) + 1
+            num_new = seq.num_output_tokens - n0
+            if st.logprobs is not None:
+                for res in seq_results[:num_new]:
+                    if res.logprob is None:
+                        continue
+                    entry = {res.token_id: res.logprob}
+                    if res.top_logprobs:
+                        entry.update({k: v for k, v in res.top_logprobs.items() if k != res.token_id})
+                    st.logprobs.append(entry)
+                    st.cumulative_logprob = (st.cumulative_logprob or 0.0) + res.logprob
+            touched[req.request_id] = touched.get(req.request_id, 0) + num_new
 
         outputs: list[RequestOutput] = []
         stats = self.stats
@@ -488,51 +546,72 @@ class LLMEngine:
         stats.record_step(sum(touched.values()), itls)
         return outputs
 
+    @staticmethod
+    def _stopped_by_string(seq: Sequence) -> bool:
+        return seq.status is SequenceStatus.FINISHED_STOPPED and isinstance(seq.stop_reason, str)
+
     def _update_text(self, req: _Request, st: _SeqState) -> None:
         """Bring ``st.text`` up to the sequence's tokens and apply stop strings."""
         seq = st.seq
-        if seq.status is SequenceStatus.FINISHED_STOPPED and isinstance(seq.stop_reason, str):
+        if req.stop_checker is not None:
+            # Several tokens can land in one step (speculative decoding). Check stop strings after each, as
+            # one-token steps would, so the output ends at the token that completed a stop string.
+            while seq.num_output_tokens - st.num_detok > 1 and not self._stopped_by_string(seq):
+                self._update_text_to(req, st, st.num_detok + 1)
+            extra = seq.num_output_tokens - st.num_detok
+            if self._stopped_by_string(seq) and extra > 0:
+                del seq.output_token_ids[-extra:]
+                del seq.token_ids[-extra:]
+        self._update_text_to(req, st, None)
+
+    def _update_text_to(self, req: _Request, st: _SeqState, upto: int | None) -> None:
+        """Detokenize the output up to ``upto`` tokens (None: all of them) and apply stop strings."""
+        seq = st.seq
+        if self._stopped_by_string(seq):
             st.visible = len(st.text)  # cut at its stop string: final (held-back bytes lie beyond it)
             return
         params = req.params
         ids = seq.output_token_ids
-        end = len(ids)
-        stopped_by_token = seq.status is SequenceStatus.FINISHED_STOPPED and not isinstance(
-            seq.stop_reason, str
-        )
+        num_output = len(ids) if upto is None else upto
+        finished = seq.is_finished and num_output == len(ids)  # (earlier tokens of a finished step: not yet)
+        end = num_output
+        stopped_by_token = finished and seq.status is SequenceStatus.FINISHED_STOPPED
         if stopped_by_token and not params.include_stop_str_in_output:
             end -= 1  # the eos / stop token id stays in token_ids but not in the text
         delta = ""
         if end > st.num_detok:
             delta = st.detok.add(ids[st.num_detok : end])
             st.num_detok = end
-        if seq.is_finished:
+        if finished:
             delta += st.detok.flush()
         if delta:
             st.text += delta
         checker = req.stop_checker
-        if checker is None or (not delta and seq.is_finished):
+        if checker is None or (not delta and finished):
             st.visible = len(st.text)
             return
         if not delta:
             return
-        if seq.num_output_tokens >= params.min_tokens:
+        if num_output >= params.min_tokens:
             found = checker.check(st.text, len(delta))
             st.text = found.text
             if found.stop is not None:
                 st.visible = len(st.text)
-                self._stop_on_string(seq, found.stop)
+                self._stop_on_string(seq, found.stop, num_output == len(ids))
                 return
             safe = found.safe_len
         else:  # stop strings do not count before min_tokens, but a partial one is still held back
             safe = len(st.text) - (
                 0 if params.include_stop_str_in_output else partial_stop_length(st.text, checker.stop)
             )
-        st.visible = len(st.text) if seq.is_finished else max(st.visible, safe)
+        st.visible = len(st.text) if finished else max(st.visible, safe)
 
-    def _stop_on_string(self, seq: Sequence, stop: str) -> None:
-        if seq.status is SequenceStatus.FINISHED_LENGTH:
-            # Finished by length in the same step: the stop string is what the user sees, so it is the
+    def _stop_on_string(self, seq: Sequence, stop: str, at_last_token: bool = True) -> None:
+        if seq.status is SequenceStatus.FINISHED_LENGTH or (
+            seq.status is SequenceStatus.FINISHED_STOPPED and not at_last_token
+        ):
+            # Finished by length in the same step (or by a stop token that landed after the stop string in
+            # one speculative step): the stop string came first and is what the user sees, so it is the
             # reason reported (as vLLM does). Its blocks are already freed.
             seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
         elif not seq.is_finished:
@@ -689,6 +768,7 @@ class LLMEngine:
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
+            spec_decode=self.spec_decoder.stats.copy() if self.spec_decoder is not None else None,
         )
 
 

@@ -12,6 +12,10 @@ import math
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.spec_decode import SpecDecodeStats
 
 __all__ = [
     "E2E_BUCKETS",
@@ -159,10 +163,28 @@ class EngineStats:
     inter_token_latency_seconds: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e_request_latency_seconds: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     request_queue_time_seconds: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    # speculative decoding (counters; all zero and the per-position list empty when it is off)
+    spec_decode_enabled: bool = False
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        """Accepted / proposed tokens (0 before any proposal)."""
+        n = self.spec_decode_num_draft_tokens
+        return self.spec_decode_num_accepted_tokens / n if n else 0.0
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """Tokens emitted per verified draft (accepted proposals + the model's own token); 0 before any."""
+        n = self.spec_decode_num_drafts
+        return 1.0 + self.spec_decode_num_accepted_tokens / n if n else 0.0
 
 
 class StatsCollector:
@@ -205,9 +227,19 @@ class StatsCollector:
         prefix_cache_queries: int,
         prefix_cache_hits: int,
         num_preemptions: int,
+        spec_decode: SpecDecodeStats | None = None,
     ) -> EngineStats:
         with self._lock:
             s = self._stats
+            spec: dict[str, object] = {}
+            if spec_decode is not None:
+                spec = dict(
+                    spec_decode_enabled=True,
+                    spec_decode_num_drafts=spec_decode.num_drafts,
+                    spec_decode_num_draft_tokens=spec_decode.num_draft_tokens,
+                    spec_decode_num_accepted_tokens=spec_decode.num_accepted_tokens,
+                    spec_decode_num_accepted_tokens_per_pos=list(spec_decode.num_accepted_tokens_per_pos),
+                )
             return EngineStats(
                 num_requests_running=num_requests_running,
                 num_requests_waiting=num_requests_waiting,
@@ -223,6 +255,7 @@ class StatsCollector:
                 inter_token_latency_seconds=s.inter_token_latency_seconds.copy(),
                 e2e_request_latency_seconds=s.e2e_request_latency_seconds.copy(),
                 request_queue_time_seconds=s.request_queue_time_seconds.copy(),
+                **spec,  # type: ignore[arg-type]
             )
 
 
@@ -294,4 +327,18 @@ def render_prometheus(stats: EngineStats, model_name: str, engine: str = "0") ->
     histogram(
         "request_queue_time_seconds", stats.request_queue_time_seconds, "Time spent in the WAITING phase."
     )
+    if stats.spec_decode_enabled:  # registered only with speculative decoding on, as vLLM does
+        counter("spec_decode_num_drafts", stats.spec_decode_num_drafts, "Number of spec decoding drafts.")
+        counter("spec_decode_num_draft_tokens", stats.spec_decode_num_draft_tokens, "Number of draft tokens.")
+        counter(
+            "spec_decode_num_accepted_tokens",
+            stats.spec_decode_num_accepted_tokens,
+            "Number of accepted tokens.",
+        )
+        counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            {str(i): float(n) for i, n in enumerate(stats.spec_decode_num_accepted_tokens_per_pos)},
+            "Accepted tokens per draft position.",
+            label="position",
+        )
     return "\n".join(lines) + "\n"

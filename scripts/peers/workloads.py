@@ -66,23 +66,36 @@ def random_prompt(rng: random.Random, length: int) -> tuple[int, ...]:
     return tuple(rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(length))
 
 
-def build_workload(name: str, seed: int = 0) -> list[BenchRequest]:
-    """The requests of workload ``name`` ("a", "b", "c" or "d") for ``seed``; deterministic."""
+def build_workload(name: str, seed: int = 0, repeat: int = 0) -> list[BenchRequest]:
+    """The requests of workload ``name`` ("a", "b", "c" or "d") for ``seed``; deterministic.
+
+    ``repeat`` > 0 gives the same workload (same lengths, same kind of random prompts) with other token ids, so
+    that a repeated measurement in the same engine process cannot be served from its prefix cache.
+    """
     rng = _rng(name, seed)
     if name == "a":
-        return [BenchRequest(random_prompt(rng, A_PROMPT_LEN), A_MAX_TOKENS) for _ in range(A_REQUESTS)]
-    if name == "b":
+        out = [BenchRequest(random_prompt(rng, A_PROMPT_LEN), A_MAX_TOKENS) for _ in range(A_REQUESTS)]
+    elif name == "b":
         out = []
         for _ in range(B_REQUESTS):
             prompt_len = rng.randint(*B_PROMPT_RANGE)
             max_tokens = rng.randint(*B_OUTPUT_RANGE)
             out.append(BenchRequest(random_prompt(rng, prompt_len), max_tokens))
-        return out
-    if name == "c":
-        return [BenchRequest(random_prompt(rng, C_PROMPT_LEN), C_MAX_TOKENS)]
-    if name == "d":
-        return [BenchRequest(random_prompt(rng, D_PROMPT_LEN), D_MAX_TOKENS) for _ in range(D_REPEATS)]
-    raise ValueError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOADS)}")
+    elif name == "c":
+        out = [BenchRequest(random_prompt(rng, C_PROMPT_LEN), C_MAX_TOKENS)]
+    elif name == "d":
+        out = [BenchRequest(random_prompt(rng, D_PROMPT_LEN), D_MAX_TOKENS) for _ in range(D_REPEATS)]
+    else:
+        raise ValueError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOADS)}")
+    return [_shifted(r, repeat) for r in out] if repeat else out
+
+
+def _shifted(request: BenchRequest, repeat: int) -> BenchRequest:
+    """Every prompt id moved by a repeat-dependent offset, wrapping inside [VOCAB_LOW, VOCAB_HIGH)."""
+    span = VOCAB_HIGH - VOCAB_LOW
+    offset = (7919 * repeat) % span or 1
+    ids = tuple(VOCAB_LOW + (t - VOCAB_LOW + offset) % span for t in request.prompt_token_ids)
+    return BenchRequest(ids, request.max_tokens)
 
 
 def warmup_requests(seed: int = 0) -> list[BenchRequest]:

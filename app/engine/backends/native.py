@@ -47,6 +47,8 @@ class NativeBackend(LocalBackend):
         max_waiting: int = 256,
         health_stall_seconds: float = 30.0,
         scheduling_policy: str = "fcfs",
+        num_threads: int | None = None,
+        speculative_config: Mapping[str, Any] | None = None,
         engine: AsyncEngine | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
@@ -55,6 +57,8 @@ class NativeBackend(LocalBackend):
         self.max_waiting = max_waiting
         self.health_stall_seconds = health_stall_seconds
         self.scheduling_policy = scheduling_policy
+        self.num_threads = num_threads
+        self.speculative_config = dict(speculative_config) if speculative_config else None
         self.engine: AsyncEngine | None = engine
         self.engine_kwargs = dict(engine_kwargs or {})
         self._owns_engine = engine is None
@@ -68,6 +72,8 @@ class NativeBackend(LocalBackend):
             max_waiting=settings.max_waiting,
             health_stall_seconds=settings.health_stall_seconds,
             scheduling_policy=settings.scheduling_policy,
+            num_threads=settings.num_threads,
+            speculative_config=settings.speculative_config,
         )
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -77,6 +83,8 @@ class NativeBackend(LocalBackend):
         kwargs: dict[str, Any] = {
             "max_waiting": self.max_waiting,
             "scheduling_policy": self.scheduling_policy,
+            "num_threads": self.num_threads,
+            "speculative_config": self.speculative_config,
             **self.engine_kwargs,
         }
         return AsyncEngine(model=self.model_path, **kwargs)
@@ -134,6 +142,11 @@ class NativeBackend(LocalBackend):
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
+            spec_decode_enabled=s.spec_decode_enabled,
+            spec_decode_num_drafts=s.spec_decode_num_drafts,
+            spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
+            spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(s.spec_decode_num_accepted_tokens_per_pos),
         )
 
     # ------------------------------------------------------------------------------------------ generation

@@ -82,12 +82,14 @@ class TransformersBackend(LocalBackend):
         max_waiting: int = 256,
         health_stall_seconds: float = 30.0,
         device: str = "cpu",
+        num_threads: int | None = None,
     ) -> None:
         super().__init__(served_model_name=default_served_name(model, served_model_name))
         self.model_path = model
         self.max_waiting = max_waiting
         self.health_stall_seconds = health_stall_seconds
         self.device = device
+        self.num_threads = num_threads
         self.hf_model: Any = None
         self.eos_token_ids: tuple[int, ...] = ()
         self._executor: ThreadPoolExecutor | None = None
@@ -103,6 +105,7 @@ class TransformersBackend(LocalBackend):
             served_model_name=settings.served_model_name,
             max_waiting=settings.max_waiting,
             health_stall_seconds=settings.health_stall_seconds,
+            num_threads=settings.num_threads,
         )
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -116,6 +119,8 @@ class TransformersBackend(LocalBackend):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
         folder = resolve_hf_folder(self.model_path)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)

@@ -9,6 +9,7 @@ from torch import nn
 
 from app.engine.attention import AttentionMetadata, AttentionWorkspace
 from app.engine.config import ModelConfig
+from app.engine.models.layers import Linear, linear
 
 
 class PagedCausalLM(nn.Module):
@@ -71,12 +72,27 @@ class PagedCausalLM(nn.Module):
         page faults on CPU); the caller must be done with the previous step's logits.
         """
         if out is None:
-            return torch.nn.functional.linear(hidden, self.lm_head_weight())
+            return linear(hidden, self.lm_head_weight())
         return torch.mm(hidden, self.lm_head_weight().t(), out=out)
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load weights named and laid out as the Hugging Face checkpoint of this architecture."""
         raise NotImplementedError
+
+    def _column_major_names(self) -> set[str]:
+        """The 2-D weights used as the right operand of ``x @ W.T``: every Linear weight and the LM head.
+
+        On CPU they are stored column-major (``W.T`` contiguous). ``F.linear`` then hands MKL a plain
+        ``[in, out]`` matrix, whose matrix-vector product streams the weights about 1.3x (layers) to 2x (the
+        49k-row head) faster than the transposed row-major product; decoding one sequence reads every weight
+        once per token, so this is most of its time. Larger batches run at the same speed either way.
+        """
+        head = self.lm_head_weight()
+        names = {name for name, p in self.named_parameters() if p is head}
+        for prefix, module in self.named_modules():
+            if isinstance(module, Linear):
+                names.add(f"{prefix}.weight" if prefix else "weight")
+        return names
 
     def _assign(self, ours: dict[str, torch.Tensor]) -> None:
         """Materialise every parameter from a complete state dict of our own names.
@@ -94,13 +110,19 @@ class PagedCausalLM(nn.Module):
         align = max(1, 64 // torch.empty((), dtype=self.param_dtype).element_size())
         sizes = {name: -(-p.numel() // align) * align for name, p in params.items()}
         arena = torch.empty(sum(sizes.values()), dtype=self.param_dtype, device=self.param_device)
+        column_major = self._column_major_names() if self.param_device.type == "cpu" else set()
         offset = 0
         with torch.no_grad():
             for name, p in params.items():
                 src = ours[name]
                 if tuple(src.shape) != tuple(p.shape):
                     raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model {tuple(p.shape)}")
-                view = arena[offset : offset + p.numel()].view(p.shape)
+                flat = arena[offset : offset + p.numel()]
+                if name in column_major:
+                    # Same [out, in] shape and values, stored transposed: see _column_major_names.
+                    view = flat.view(p.shape[1], p.shape[0]).t()
+                else:
+                    view = flat.view(p.shape)
                 view.copy_(src)
                 offset += sizes[name]
                 owner, _, leaf = name.rpartition(".")

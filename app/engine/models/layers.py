@@ -6,6 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from app.engine import kernels
+from app.engine.kernels import small_matmul
+
 
 def placeholder(*shape: int) -> nn.Parameter:
     """A weight with no storage yet (meta device): the loader gives every parameter its real tensor.
@@ -24,7 +27,13 @@ class Linear(nn.Module):
         self.bias = placeholder(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, by the multi-threaded C kernel for the few-row products of decoding on CPU."""
+    out = small_matmul(x, weight, bias)
+    return F.linear(x, weight, bias) if out is None else out
 
 
 class Embedding(nn.Module):
@@ -64,6 +73,17 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream step of a pre-norm block: ``residual = x + residual`` (just ``x`` when None),
+        returns ``(norm(residual), residual)``. The C kernel fuses both and updates ``residual`` in place."""
+        fused = kernels.add_rms_norm(x, residual, self.weight, self.eps)
+        if fused is not None:
+            return fused
+        h = x if residual is None else x + residual
+        return self.forward(h), h
+
 
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
@@ -75,6 +95,22 @@ def rope_cos_sin(
     """
     freqs = positions.float()[:, None] * inv_freq[None, :]
     return freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU ``silu(gate) * up`` of a fused ``[gate | up]`` projection."""
+    fused = kernels.silu_mul(gate_up)
+    if fused is not None:
+        return fused
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` written back into ``x`` (a view into the fused projection); returns ``x``."""
+    if not kernels.rope_inplace(x, cos, sin):
+        x.copy_(apply_rope(x, cos, sin))
+    return x
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -9,13 +9,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from app.engine.attention import AttentionMetadata, paged_attention
 from app.engine.config import ModelConfig
 from app.engine.models.base import PagedCausalLM, take
-from app.engine.models.layers import Embedding, Linear, RMSNorm, apply_rope, placeholder, rope_cos_sin
+from app.engine.models.layers import (
+    Embedding,
+    Linear,
+    RMSNorm,
+    apply_rope_,
+    placeholder,
+    rope_cos_sin,
+    silu_mul,
+)
 
 # Checkpoint entries that are buffers, not weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -44,8 +51,10 @@ class LlamaAttention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         qk_size = self.q_size + self.kv_size
-        # Rotate q and k in one pass: they are adjacent in the fused projection.
-        qk = apply_rope(qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        # Rotate q and k in one pass, in place: they are adjacent in the fused projection.
+        qk = apply_rope_(
+            qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin
+        )
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         return self.o_proj(paged_attention(q, k, v, kv_cache, attn, self.scale))
@@ -59,8 +68,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -74,13 +82,21 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` is the previous block's output (the embeddings, with ``residual`` None, for the first);
+        returns this block's MLP output and the residual stream, which the next norm adds together.
+
+        Submodules are called through ``forward``: ``nn.Module.__call__`` costs microseconds per call, and a
+        one-token decode step makes hundreds of them."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn.forward(h, cos, sin, kv_cache, attn)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp.forward(h), residual
 
 
 class LlamaForCausalLM(PagedCausalLM):
@@ -110,9 +126,10 @@ class LlamaForCausalLM(PagedCausalLM):
         self._check_inputs(input_ids, positions, attn)
         x = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # shared by all layers
+        residual: torch.Tensor | None = None
         for layer, cache in zip(self.layers, self.kv_caches, strict=True):
-            x = layer(x, cos, sin, cache, attn)
-        return self.norm(x)
+            x, residual = layer.forward(x, residual, cos, sin, cache, attn)
+        return self.norm.add_forward(x, residual)[0]
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load HF ``LlamaForCausalLM`` weights (names with or without the ``model.`` prefix)."""

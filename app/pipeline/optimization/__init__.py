@@ -1,0 +1,91 @@
+"""Learning from feedback: losses turn outputs into Feedback, ``await feedback.backward()`` walks the recorded
+graph back to the learnable Parameters, and an optimizer's ``step()`` rewrites them with LLMs.
+
+    module.train()
+    outputs = await module([x1, x2])               # training-mode outputs carry their forward record
+    feedback = await loss(outputs, [t1, t2])
+    await feedback.backward()
+    await optimizer.step()
+    optimizer.zero_feedback()
+
+or all of it: ``history = await train(module, dataset, loss, optimizer, epochs=2, batch_size=4, seed=0)``.
+"""
+
+from app.pipeline.execution.executor import ForwardRecord
+from app.pipeline.optimization.backward import llm_backward
+from app.pipeline.optimization.contrast import RubricLevel
+from app.pipeline.optimization.feedback import Feedback, FeedbackType, combine_feedback
+from app.pipeline.optimization.human import (
+    CallbackFeedbackSource,
+    ConsoleFeedbackSource,
+    FeedbackSource,
+    HumanAnswer,
+    HumanFeedbackLoss,
+    HumanFeedbackRequest,
+    HumanPreferenceLoss,
+    HumanRankingLoss,
+    HumanRubricLoss,
+    PollingFeedbackSource,
+    QueueFeedbackSource,
+)
+from app.pipeline.optimization.judges import LLMJudge, LLMPreferenceLoss, LLMRankingLoss, LLMRubricLoss
+from app.pipeline.optimization.llm import JudgeResponseError
+from app.pipeline.optimization.loss import CompositeLoss, Loss, VerifierLoss
+from app.pipeline.optimization.optimizer import Optimizer, ParameterUpdate, SFAOptimizer
+from app.pipeline.optimization.propagation import BackwardPass, BackwardReport
+from app.pipeline.optimization.record import TracedOutput, split_output, unwrap_output
+from app.pipeline.optimization.training import (
+    EpochSummary,
+    EvaluationResult,
+    Example,
+    TrainingHistory,
+    TrainingStep,
+    evaluate,
+    train,
+)
+from app.pipeline.optimization.types import BackwardContext, BackwardResult
+
+__all__ = [
+    "BackwardContext",
+    "BackwardPass",
+    "BackwardReport",
+    "BackwardResult",
+    "CallbackFeedbackSource",
+    "CompositeLoss",
+    "ConsoleFeedbackSource",
+    "EpochSummary",
+    "EvaluationResult",
+    "Example",
+    "Feedback",
+    "FeedbackSource",
+    "FeedbackType",
+    "ForwardRecord",
+    "HumanAnswer",
+    "HumanFeedbackLoss",
+    "HumanFeedbackRequest",
+    "HumanPreferenceLoss",
+    "HumanRankingLoss",
+    "HumanRubricLoss",
+    "JudgeResponseError",
+    "LLMJudge",
+    "LLMPreferenceLoss",
+    "LLMRankingLoss",
+    "LLMRubricLoss",
+    "Loss",
+    "Optimizer",
+    "ParameterUpdate",
+    "PollingFeedbackSource",
+    "QueueFeedbackSource",
+    "RubricLevel",
+    "SFAOptimizer",
+    "TracedOutput",
+    "TrainingHistory",
+    "TrainingStep",
+    "VerifierLoss",
+    "combine_feedback",
+    "evaluate",
+    "llm_backward",
+    "split_output",
+    "train",
+    "unwrap_output",
+]

@@ -21,7 +21,7 @@ async def llm_backward(module: Any, feedback: Any, ctx: BackwardContext) -> Back
         score = getattr(feedback, "score", None)
         content = getattr(feedback, "content", feedback)
         prompt_input = next(iter(ctx.inputs.values()), None)
-        result.parameter_feedback[param.name or "system_prompt"] = (
+        text = (
             f"Parameter: {param.name}\n"
             f"Description: {param.description}\n"
             f"Current value: {_truncate(param.value)}\n"
@@ -30,4 +30,27 @@ async def llm_backward(module: Any, feedback: Any, ctx: BackwardContext) -> Back
             f"Score: {score if score is not None else 'n/a'}\n"
             f"Feedback: {_truncate(content)}"
         )
+        if ctx.reasoning_llm is not None:
+            analysis = await _analyse(ctx.reasoning_llm, text)
+            if analysis:
+                text += f"\nAnalysis: {analysis}"
+        result.parameter_feedback[param.name or "system_prompt"] = text
     return result
+
+
+async def _analyse(reasoning_llm: Any, evidence: str) -> str:
+    """Ask the optimizer's reasoning LLM what in the system prompt caused the feedback. Optional: an unusable
+    answer leaves the plain evidence, which the optimizer can still act on."""
+    from app.pipeline.optimization.llm import JudgeResponseError, non_empty
+
+    prompt = (
+        f"{evidence}\n\nWhich part of the parameter's current value most likely led to this output and feedback, "
+        "and what specific change to it would help? Answer in at most three sentences."
+    )
+    ask = getattr(reasoning_llm, "ask", None)
+    try:
+        if ask is not None:
+            return str(await ask(prompt, non_empty, attempts=2, what="an analysis"))
+        return str(await reasoning_llm(prompt)).strip()
+    except JudgeResponseError:
+        return ""

@@ -32,3 +32,10 @@ class TracedOutput:
 
 def unwrap_output(output: Any) -> Any:
     return output.value if isinstance(output, TracedOutput) else output
+
+
+def split_output(output: Any, record: Any = None) -> tuple[Any, Any]:
+    """``(value, record)`` of an output: a TracedOutput carries its record; an explicit ``record`` wins."""
+    if isinstance(output, TracedOutput):
+        return output.value, record if record is not None else output.record
+    return output, record

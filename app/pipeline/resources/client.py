@@ -98,8 +98,8 @@ def resolve_base_url(config: EndpointConfig) -> str:
     if config.provider == "native":
         raise ConfigurationError(
             f"native endpoint for model {config.model!r} has no base_url: give the URL of our engine's server "
-            "(e.g. 'http://127.0.0.1:8000/v1') or register an in-process engine client with "
-            "register_client_factory('native', factory)"
+            "(e.g. 'http://127.0.0.1:8000/v1'), or run the engine in this process by calling "
+            "app.serving.embedded.register_embedded_engine() first (inf-engine run does so without --resources)"
         )
     raise ConfigurationError(
         f"{config.provider} endpoint for model {config.model!r} needs a base_url "

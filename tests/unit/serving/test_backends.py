@@ -46,6 +46,8 @@ def test_server_settings_are_validated(tmp_path: Path, monkeypatch: pytest.Monke
         ({"serve_port": 70000}, "serve_port"),
         ({"backend": "tgi"}, "backend"),
         ({"max_waiting": 0}, "max_waiting"),
+        ({"num_threads": 0}, "num_threads"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy"),
         ({"cors_origins": ["ui.example"]}, "cors_origins"),
         ({"openai_base_url": "api.openai.com"}, "openai_base_url"),
         ({"vllm_python": tmp_path / "nope"}, "vllm_python"),

@@ -1,0 +1,55 @@
+"""What the API adds when it is part of the distributed platform: the Celery dispatcher for jobs (when Redis is
+configured) and the ``inf_engine_*`` metrics on ``/metrics``. Only wiring: the work is in ``app.jobs``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from redis import Redis
+
+from app.db import JobStatus
+from app.db.repository.platform_stats import job_status_counts
+from app.jobs.monitoring import JobCounts, PlatformCollector
+from app.jobs.runtime import JobsRuntime
+from app.settings import Settings
+
+
+def jobs_dispatcher(settings: Settings) -> Any:
+    """Celery's dispatcher when Redis is configured (jobs then run on workers), else None (the embedded executor
+    runs them, as on a bare machine)."""
+    if not settings.redis_url:
+        return None
+    from workers.celery_app import create_celery_app
+    from workers.dispatch import CeleryDispatcher
+
+    return CeleryDispatcher(create_celery_app(settings), settings)
+
+
+def platform_collector(settings: Settings, jobs: JobsRuntime) -> PlatformCollector:
+    from workers.dispatch import queue_keys
+    from workers.queues import Queues
+
+    def job_counts() -> JobCounts | None:
+        try:
+            jobs.sessions  # noqa: B018  (raises while the jobs database is not open)
+        except RuntimeError:  # no job was ever used in this process: nothing to count, and no database to create
+            return None
+        with jobs.session() as session:
+            by_status, items = job_status_counts(session)
+        return JobCounts(by_status, items)
+
+    lock = threading.Lock()
+    client: list[Redis] = []
+
+    def redis() -> Redis | None:
+        if not settings.redis_url:
+            return None
+        with lock:
+            if not client:
+                client.append(Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2))
+            return client[0]
+
+    queues = {name: queue_keys(settings, name) for name in Queues.from_prefix(settings.celery_queue_prefix).all()}
+    return PlatformCollector(job_counts, redis, settings.redis_prefix, queues, [s.value for s in JobStatus])
+

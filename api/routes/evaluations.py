@@ -1,0 +1,122 @@
+"""Evaluation routes: ``/v1/evaluations`` and ``/v1/evaluations/schedules`` (cron schedules run by Celery beat,
+their runs as a time series with regression flags). Thin: parse, authorise, call ``app.jobs``, shape."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from api.deps import get_owner, require_api_key
+from api.responses import JSONBytes
+from api.routes.trainings import Runtime, in_session
+from app.jobs import evaluations
+from app.jobs.learning import MAX_PAGE
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["evaluations"])
+
+Owner = Annotated[str, Depends(get_owner)]
+
+
+class EvaluationCreate(BaseModel):
+    """The body of ``POST /v1/evaluations``: a loss spec or a metric name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: str = Field(min_length=1)
+    dataset: list[Any] | str | dict[str, Any] = Field(validation_alias=AliasChoices("dataset", "dataset_file_id"))
+    loss: dict[str, Any] | str | None = None
+    metric: str | dict[str, Any] | None = None
+    version: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def to_request(self) -> evaluations.EvaluationRequest:
+        return evaluations.EvaluationRequest(
+            pipeline=self.pipeline, dataset=self.dataset, loss=self.loss, metric=self.metric, version=self.version,
+            max_concurrent=self.max_concurrent, metadata=self.metadata,
+        )
+
+
+class ScheduleCreate(EvaluationCreate):
+    """The body of ``POST /v1/evaluations/schedules``."""
+
+    cron: str = Field(min_length=1, description="Five-field cron in UTC, e.g. '0 3 * * *'")
+    margin: float = Field(default=0.0, ge=0, description="A score drop above this flags a run as regressed")
+
+
+# the schedule routes come first: /evaluations/schedules is not an evaluation id
+@router.post("/evaluations/schedules", status_code=201)
+async def create_schedule(body: ScheduleCreate, runtime: Runtime, owner: Owner) -> Response:
+    def work(session: Any) -> dict[str, Any]:
+        row = evaluations.create_schedule(session, body.to_request(), cron=body.cron, margin=body.margin,
+                                          owner=owner, limits=runtime.limits)
+        return evaluations.schedule_view(row)
+
+    view = await in_session(runtime, work)
+    return JSONBytes(view, status_code=201, headers={"Location": f"/v1/evaluations/schedules/{view['id']}"})
+
+
+@router.get("/evaluations/schedules")
+async def list_schedules(runtime: Runtime, owner: Owner) -> Response:
+    return JSONBytes(await in_session(runtime, lambda s: evaluations.list_schedule_views(s, owner=owner)))
+
+
+@router.get("/evaluations/schedules/{schedule_id}")
+async def get_schedule(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
+    return JSONBytes(await in_session(
+        runtime, lambda s: evaluations.schedule_view(evaluations.load_schedule(s, schedule_id, owner))))
+
+
+@router.get("/evaluations/schedules/{schedule_id}/runs")
+async def schedule_runs(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
+    """The schedule's evaluations in fire-time order, each with ``regressed``: its score fell below the previous
+    run's by more than the schedule's margin."""
+    return JSONBytes(await in_session(runtime, lambda s: evaluations.schedule_runs(s, schedule_id, owner=owner)))
+
+
+@router.post("/evaluations/schedules/{schedule_id}/pause")
+async def pause_schedule(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
+    return JSONBytes(await in_session(
+        runtime, lambda s: evaluations.set_schedule_enabled(s, schedule_id, False, owner=owner)))
+
+
+@router.post("/evaluations/schedules/{schedule_id}/resume")
+async def resume_schedule(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
+    return JSONBytes(await in_session(
+        runtime, lambda s: evaluations.set_schedule_enabled(s, schedule_id, True, owner=owner)))
+
+
+@router.post("/evaluations", status_code=201)
+async def create_evaluation(body: EvaluationCreate, runtime: Runtime, owner: Owner) -> Response:
+    def work(session: Any) -> dict[str, Any]:
+        row = evaluations.submit_evaluation(session, body.to_request(), owner=owner, limits=runtime.limits)
+        return evaluations.evaluation_view(row)
+
+    view = await in_session(runtime, work)
+    runtime.wake()
+    return JSONBytes(view, status_code=201, headers={"Location": f"/v1/evaluations/{view['id']}"})
+
+
+@router.get("/evaluations")
+async def list_evaluations(
+    runtime: Runtime,
+    owner: Owner,
+    after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
+) -> Response:
+    return JSONBytes(await in_session(
+        runtime, lambda s: evaluations.list_evaluation_views(s, owner=owner, after=after, limit=limit)))
+
+
+@router.get("/evaluations/{evaluation_id}")
+async def get_evaluation(evaluation_id: str, runtime: Runtime, owner: Owner) -> Response:
+    return JSONBytes(await in_session(runtime, lambda s: evaluations.describe_evaluation(s, evaluation_id, owner)))
+
+
+@router.post("/evaluations/{evaluation_id}/cancel")
+async def cancel_evaluation(evaluation_id: str, runtime: Runtime, owner: Owner) -> Response:
+    view = await in_session(runtime, lambda s: evaluations.cancel_evaluation(s, evaluation_id, owner))
+    runtime.wake()
+    return JSONBytes(view)

@@ -1,0 +1,106 @@
+"""``/v1/files`` as OpenAI has it: upload (multipart), read, download the content, list, delete.
+
+Routes only parse, authorise and shape; the checks and storage are in ``app.jobs.files``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from api.deps import require_api_key
+from api.responses import JSONBytes
+from api.routes.jobs import Owner, Runtime
+from app.jobs import files
+from app.jobs.errors import InvalidJobInput, PayloadTooLarge
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["files"])
+
+#: room for the multipart framing around the file when the declared length is compared with the size limit
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+@router.post("/files")
+async def upload_file(request: Request, runtime: Runtime, owner: Owner) -> Response:
+    """multipart/form-data with ``file`` (the JSONL) and ``purpose`` (``batch`` or ``user_data``)."""
+    limit = runtime.limits.max_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
+        raise _too_large(f"the upload has {declared} bytes", limit)
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise InvalidJobInput("send the file as multipart/form-data with the fields 'file' and 'purpose'",
+                              param="file")
+    async with request.form(max_files=1, max_fields=16) as form:
+        upload, purpose = form.get("file"), form.get("purpose")
+        if not isinstance(upload, UploadFile):
+            raise InvalidJobInput("the form field 'file' (the file to upload) is missing", param="file")
+        if not isinstance(purpose, str) or not purpose.strip():
+            raise InvalidJobInput("the form field 'purpose' is missing: use 'batch' for Batch API requests",
+                                  param="purpose")
+        content = await upload.read(limit + 1)
+        filename = upload.filename or ""
+    if len(content) > limit:
+        raise _too_large("the file has more bytes than that", limit)
+
+    def work() -> dict[str, Any]:
+        with runtime.session() as session:
+            stored = files.upload_file(session, filename=filename, purpose=purpose.strip(), content=content,
+                                       owner=owner, limits=runtime.limits)
+            return files.file_view(stored)
+
+    return JSONBytes(await run_in_threadpool(work))
+
+
+def _too_large(what: str, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"{what}; files may have at most {limit} bytes (INF_ENGINE_JOBS_MAX_BYTES): split the "
+                           "requests into several files", param="file")
+
+
+@router.get("/files")
+async def list_files(
+    runtime: Runtime,
+    owner: Owner,
+    purpose: Annotated[str | None, Query(description="Only files with this purpose")] = None,
+    after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=files.MAX_LIST)] = files.MAX_LIST,
+    order: Annotated[str, Query(pattern="^(asc|desc)$", description="By creation time")] = "desc",
+) -> Response:
+    def work() -> dict[str, Any]:
+        with runtime.session() as session:
+            return files.list_file_views(session, owner=owner, purpose=purpose, after=after, limit=limit,
+                                         order=order)
+
+    return JSONBytes(await run_in_threadpool(work))
+
+
+@router.get("/files/{file_id}")
+async def get_file(file_id: str, runtime: Runtime, owner: Owner) -> Response:
+    def work() -> dict[str, Any]:
+        with runtime.session() as session:
+            return files.describe_file(session, file_id, owner)
+
+    return JSONBytes(await run_in_threadpool(work))
+
+
+@router.get("/files/{file_id}/content")
+async def file_content(file_id: str, runtime: Runtime, owner: Owner) -> Response:
+    def work() -> files.FileContent:
+        with runtime.session() as session:
+            return files.file_content(session, file_id, owner)
+
+    found = await run_in_threadpool(work)
+    safe_name = found.filename.replace('"', "").replace("\r", "").replace("\n", "")
+    return Response(found.content, media_type="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{safe_name}"'})
+
+
+@router.delete("/files/{file_id}")
+async def delete_file(file_id: str, runtime: Runtime, owner: Owner) -> Response:
+    def work() -> dict[str, Any]:
+        with runtime.session() as session:
+            return files.delete_file(session, file_id, owner)
+
+    return JSONBytes(await run_in_threadpool(work))

@@ -1,0 +1,356 @@
+"""Node tasks: the dispatch state of each node of each item on the distributed path (Celery workers).
+
+The counters change only in single statements (``UPDATE ... RETURNING``), so concurrent workers finishing two
+dependencies of one node cannot both see it become ready, and a re-delivered task cannot count twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, case, exists, func, select, update
+from sqlalchemy.orm import Session
+
+from app.db.base import utcnow
+from app.db.models import ITEM_OPEN, Batch, Item, ItemStatus, Job, JobStatus, NodeTask, NodeTaskStatus
+from app.db.repository._dialect import insert_ignoring_conflicts
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTaskRef:
+    """What it takes to send one node's task: ids, the attempt count, and its queue and priority."""
+
+    job_id: str
+    item_id: int
+    node_id: str
+    attempts: int
+    queue: str
+    priority: int
+
+
+_REF_COLUMNS = (
+    NodeTask.job_id,
+    NodeTask.item_id,
+    NodeTask.node_id,
+    NodeTask.attempts,
+    NodeTask.queue,
+    NodeTask.priority,
+)
+
+
+def _refs(rows: Any) -> list[NodeTaskRef]:
+    return [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in rows]
+
+
+def add_node_tasks(session: Session, *, rows: Sequence[dict[str, Any]]) -> list[NodeTaskRef]:
+    """Insert node tasks (job_id, item_id, node_id, kind, status, waiting, queue, priority, deadline), skipping
+    nodes that have a row already; returns the inserted rows that are ``queued`` (the tasks to send)."""
+    if not rows:
+        return []
+    now = utcnow()
+    payload = [{"attempts": 0, "updated_at": now, **row} for row in rows]
+    stmt = insert_ignoring_conflicts(session, NodeTask, ["item_id", "node_id"]).returning(
+        *_REF_COLUMNS, NodeTask.status
+    )
+    inserted = session.execute(stmt, payload).all()
+    return _refs(r for r in inserted if r[6] == NodeTaskStatus.QUEUED)
+
+
+def lock_node_task(session: Session, *, item_id: int, node_id: str) -> NodeTask | None:
+    """The node's row, locked until the transaction ends (claims of one node are serialised)."""
+    stmt = select(NodeTask).where(NodeTask.item_id == item_id, NodeTask.node_id == node_id).with_for_update()
+    return session.scalars(stmt).one_or_none()
+
+
+def start_node_task(session: Session, *, row_id: int, token: str, deadline: datetime) -> int:
+    """Claim the (locked) row for one delivery: running, one more attempt, lease until ``deadline``."""
+    now = utcnow()
+    attempts = session.execute(
+        update(NodeTask)
+        .where(NodeTask.id == row_id)
+        .values(
+            status=NodeTaskStatus.RUNNING,
+            attempts=NodeTask.attempts + 1,
+            claimed_by=token,
+            deadline=deadline,
+            started_at=now,
+            updated_at=now,
+        )
+        .returning(NodeTask.attempts)
+    ).scalar_one()
+    return int(attempts)
+
+
+def renew_node_lease(session: Session, *, item_id: int, node_id: str, token: str, deadline: datetime) -> bool:
+    """Push the running delivery's lease to ``deadline``; False when the node is no longer its (taken over)."""
+    result = session.execute(
+        update(NodeTask)
+        .where(
+            NodeTask.item_id == item_id,
+            NodeTask.node_id == node_id,
+            NodeTask.claimed_by == token,
+            NodeTask.status == NodeTaskStatus.RUNNING,
+        )
+        .values(deadline=deadline, updated_at=utcnow())
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def set_node_task_status(
+    session: Session,
+    *,
+    item_id: int,
+    node_ids: Sequence[str],
+    status: NodeTaskStatus,
+    deadline: datetime | None = None,
+) -> None:
+    """Move nodes to ``status`` (done and failed clear the lease; queued takes the new ``deadline``). A stored
+    node stays done: a caller that read it earlier as unfinished cannot fail it afterwards."""
+    if not node_ids:
+        return
+    now = utcnow()
+    values: dict[str, Any] = {"status": status, "updated_at": now, "deadline": deadline}
+    if status in (NodeTaskStatus.DONE, NodeTaskStatus.FAILED):
+        values["finished_at"] = now
+    if status == NodeTaskStatus.QUEUED:
+        values["claimed_by"] = None
+    stmt = update(NodeTask).where(NodeTask.item_id == item_id, NodeTask.node_id.in_(list(node_ids)))
+    if status != NodeTaskStatus.DONE:
+        stmt = stmt.where(NodeTask.status != NodeTaskStatus.DONE)
+    session.execute(stmt.values(**values))
+
+
+def release_dependents(
+    session: Session, *, item_id: int, node_ids: Sequence[str], deadline: datetime
+) -> list[NodeTaskRef]:
+    """One dependency of each of ``node_ids`` is stored: count it down; the nodes whose last dependency it was
+    become ``queued`` in the same statement and are returned (each exactly once, whoever counts last)."""
+    if not node_ids:
+        return []
+    remaining = NodeTask.waiting - 1
+    stmt = (
+        update(NodeTask)
+        .where(
+            NodeTask.item_id == item_id,
+            NodeTask.node_id.in_(list(node_ids)),
+            NodeTask.status == NodeTaskStatus.WAITING,
+        )
+        .values(
+            waiting=remaining,
+            status=case((remaining <= 0, NodeTaskStatus.QUEUED.value), else_=NodeTask.status),
+            deadline=case((remaining <= 0, deadline), else_=NodeTask.deadline),
+            updated_at=utcnow(),
+        )
+        .returning(*_REF_COLUMNS, NodeTask.status)
+    )
+    return _refs(r for r in session.execute(stmt).all() if r[6] == NodeTaskStatus.QUEUED)
+
+
+def fail_open_node_tasks(session: Session, *, item_id: int) -> None:
+    """The item is terminal: none of its unfinished nodes will run."""
+    now = utcnow()
+    session.execute(
+        update(NodeTask)
+        .where(
+            NodeTask.item_id == item_id,
+            NodeTask.status.in_([NodeTaskStatus.WAITING, NodeTaskStatus.QUEUED, NodeTaskStatus.RUNNING]),
+        )
+        .values(status=NodeTaskStatus.FAILED, deadline=None, finished_at=now, updated_at=now)
+    )
+
+
+def mark_items_running(session: Session, *, item_ids: Sequence[int]) -> None:
+    """Pending items whose first node started become running (attempt counters are the nodes')."""
+    if not item_ids:
+        return
+    now = utcnow()
+    session.execute(
+        update(Item)
+        .where(Item.id.in_(list(item_ids)), Item.status == ItemStatus.PENDING)
+        .values(status=ItemStatus.RUNNING, started_at=func.coalesce(Item.started_at, now))
+    )
+
+
+def overdue_node_tasks(
+    session: Session, *, status: NodeTaskStatus, now: datetime, limit: int = 500
+) -> list[NodeTask]:
+    """Running nodes whose lease ran out, or queued nodes whose message should have been taken by now."""
+    stmt = (
+        select(NodeTask)
+        .where(NodeTask.status == status, NodeTask.deadline < now)
+        .order_by(NodeTask.deadline)
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))
+
+
+def requeue_node_task(
+    session: Session,
+    *,
+    row_id: int,
+    expect_status: NodeTaskStatus,
+    deadline: datetime,
+    overdue_at: datetime | None = None,
+) -> NodeTaskRef | None:
+    """Queue the node again (the sweeper: its worker vanished or its message was lost; a worker: a transient
+    failure); None when the row moved on meanwhile (claimed, finished, or re-queued by a concurrent sweep, which
+    the ``overdue_at`` condition, re-checked on the locked row, catches)."""
+    stmt = update(NodeTask).where(NodeTask.id == row_id, NodeTask.status == expect_status)
+    if overdue_at is not None:
+        stmt = stmt.where(NodeTask.deadline < overdue_at)
+    row = session.execute(
+        stmt.values(
+            status=NodeTaskStatus.QUEUED, claimed_by=None, deadline=deadline, updated_at=utcnow()
+        ).returning(*_REF_COLUMNS)
+    ).first()
+    return _refs([row])[0] if row is not None else None
+
+
+def items_without_node_tasks(session: Session, *, job_id: str, limit: int = 500) -> list[Item]:
+    """Open items of the job whose nodes were not dispatched yet, in input order."""
+    has_tasks = exists().where(NodeTask.item_id == Item.id)
+    stmt = (
+        select(Item)
+        .where(Item.job_id == job_id, Item.status.in_(ITEM_OPEN), ~has_tasks)
+        .order_by(Item.position)
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))
+
+
+def count_node_tasks(session: Session, *, job_id: str) -> dict[str, int]:
+    """``{status: count}`` of the job's node tasks."""
+    stmt = select(NodeTask.status, func.count()).where(NodeTask.job_id == job_id).group_by(NodeTask.status)
+    return {status: int(n) for status, n in session.execute(stmt)}
+
+
+def live_node_tasks(session: Session, *, job_id: str, now: datetime) -> int:
+    """Nodes of the job that a worker is running right now (claimed, lease not run out)."""
+    stmt = (
+        select(func.count())
+        .select_from(NodeTask)
+        .where(NodeTask.job_id == job_id, NodeTask.status == NodeTaskStatus.RUNNING, NodeTask.deadline >= now)
+    )
+    return int(session.scalar(stmt) or 0)
+
+
+def dispatched_jobs(session: Session, *, statuses: Sequence[str]) -> list[str]:
+    """Ids of jobs in ``statuses`` that run on workers (they have node tasks)."""
+    has_tasks = exists().where(NodeTask.job_id == Job.id)
+    stmt = select(Job.id).where(Job.status.in_(list(statuses)), has_tasks).order_by(Job.id)
+    return list(session.scalars(stmt))
+
+
+def jobs_past_window(session: Session, *, now: datetime, statuses: Sequence[str]) -> list[str]:
+    """Open jobs whose completion window (``expires_at``) has passed."""
+    stmt = select(Job.id).where(
+        Job.status.in_(list(statuses)), and_(Job.expires_at.is_not(None), Job.expires_at < now)
+    )
+    return list(session.scalars(stmt))
+
+
+def lock_item(session: Session, *, item_id: int) -> str | None:
+    """Lock the item's row until the transaction ends and return its status (None: no such item). Whoever
+    decides that an item is complete holds this lock, so two last nodes finishing at once cannot both miss it."""
+    return session.scalars(select(Item.status).where(Item.id == item_id).with_for_update()).one_or_none()
+
+
+def unfinished_node_tasks(session: Session, *, item_id: int) -> int:
+    """Nodes of the item not stored yet (waiting, queued or running)."""
+    stmt = (
+        select(func.count())
+        .select_from(NodeTask)
+        .where(
+            NodeTask.item_id == item_id,
+            NodeTask.status.in_([NodeTaskStatus.WAITING, NodeTaskStatus.QUEUED, NodeTaskStatus.RUNNING]),
+        )
+    )
+    return int(session.scalar(stmt) or 0)
+
+
+def close_job_node_tasks(session: Session, *, job_id: str) -> int:
+    """The job stopped (cancelled, expired): its nodes that wait or are queued will not run."""
+    now = utcnow()
+    result = session.execute(
+        update(NodeTask)
+        .where(
+            NodeTask.job_id == job_id, NodeTask.status.in_([NodeTaskStatus.WAITING, NodeTaskStatus.QUEUED])
+        )
+        .values(status=NodeTaskStatus.FAILED, deadline=None, finished_at=now, updated_at=now)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def start_job(session: Session, *, job_id: str) -> bool:
+    """queued → running (its nodes are being dispatched to workers); False when it was not queued."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.RUNNING, started_at=now, updated_at=now)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def queued_jobs_older_than(session: Session, *, before: datetime, limit: int = 50) -> list[str]:
+    """Queued jobs created before ``before`` (their dispatch after submission did not happen)."""
+    stmt = (
+        select(Job.id)
+        .where(Job.status == JobStatus.QUEUED, Job.created_at < before)
+        .order_by(Job.priority, Job.id)
+    )
+    return list(session.scalars(stmt.limit(limit)))
+
+
+def running_jobs_started_before(session: Session, *, before: datetime) -> list[str]:
+    """Running jobs whose dispatch started before ``before`` (candidates for an interrupted dispatch)."""
+    stmt = select(Job.id).where(Job.status == JobStatus.RUNNING, Job.started_at < before).order_by(Job.id)
+    return list(session.scalars(stmt))
+
+
+def items_with_every_node_done(session: Session, *, limit: int = 200) -> list[tuple[int, str]]:
+    """``(item_id, job_id)`` of open items of open jobs whose dispatched nodes are all stored: their outcome is
+    due (a worker stopped between storing an item's last node and finishing the item)."""
+    unfinished = [NodeTaskStatus.WAITING, NodeTaskStatus.QUEUED, NodeTaskStatus.RUNNING]
+    dispatched = exists().where(NodeTask.item_id == Item.id)
+    pending = exists().where(NodeTask.item_id == Item.id, NodeTask.status.in_(unfinished))
+    stmt = (
+        select(Item.id, Item.job_id)
+        .join(Job, Job.id == Item.job_id)
+        .where(
+            Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]),
+            Item.status.in_(ITEM_OPEN),
+            dispatched,
+            ~pending,
+        )
+        .limit(limit)
+    )
+    return [(int(item_id), job_id) for item_id, job_id in session.execute(stmt)]
+
+
+def batch_of_job(session: Session, *, job_id: str) -> Batch | None:
+    """The OpenAI batch whose job this is (None for a plain job)."""
+    return session.scalars(select(Batch).where(Batch.job_id == job_id)).first()
+
+
+def node_task_timeline(session: Session, *, job_id: str, limit: int = 20_000) -> list[tuple[Any, ...]]:
+    """``(node_id, kind, item_id, started_at, finished_at, status, attempts)`` of the job's nodes that ran, in
+    the order they started (for the job's trace)."""
+    stmt = (
+        select(
+            NodeTask.node_id,
+            NodeTask.kind,
+            NodeTask.item_id,
+            NodeTask.started_at,
+            NodeTask.finished_at,
+            NodeTask.status,
+            NodeTask.attempts,
+        )
+        .where(NodeTask.job_id == job_id, NodeTask.started_at.is_not(None))
+        .order_by(NodeTask.started_at)
+        .limit(limit)
+    )
+    return [tuple(row) for row in session.execute(stmt)]

@@ -1,0 +1,175 @@
+/* The small per-token operations of a Llama layer, each fused into one pass over the rows.
+ *
+ * Decoding one sequence runs each of them on a single 576-float row, where PyTorch spends far more time
+ * dispatching its several ops per step (F.rms_norm alone is eight) than computing. Rows are split across
+ * threads (threadpool.h) only when there are enough of them to pay for waking the threads.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "threadpool.h"
+
+int elementwise_abi_version(void) { return 2; }
+
+#define ROWS_PER_THREAD 8
+
+static inline int threads_for(int64_t rows, int num_threads) {
+  int64_t t = rows / ROWS_PER_THREAD;
+  if (t < 1) t = 1;
+  return (int)(t < num_threads ? t : num_threads);
+}
+
+static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+/* e^x for x <= 0, as in paged_attention.c (degree-6 polynomial after range reduction; below -87 gives 0). */
+static inline __m256 exp256_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.0f);
+  __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Rows [r0, r1) of chunk c when `rows` rows are cut into `chunks` nearly equal chunks. */
+static inline void row_range(int64_t rows, int64_t chunks, int64_t c, int64_t* r0, int64_t* r1) {
+  *r0 = rows * c / chunks;
+  *r1 = rows * (c + 1) / chunks;
+}
+
+typedef struct {
+  const float* x;
+  int64_t x_ld;
+  float* residual;
+  int64_t res_ld;
+  int add;
+  const float* weight;
+  float eps;
+  float* out;
+  int64_t out_ld, rows, dim, chunks;
+} norm_job;
+
+static void norm_chunk(void* arg, int64_t c) {
+  const norm_job* j = (const norm_job*)arg;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  for (int64_t r = r0; r < r1; r++) {
+    float* h = j->residual + r * j->res_ld;
+    const float* xr = j->x + r * j->x_ld;
+    float* o = j->out + r * j->out_ld;
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t k = 0; k < j->dim; k += 8) {
+      __m256 v = _mm256_loadu_ps(h + k);
+      if (j->add) {
+        v = _mm256_add_ps(v, _mm256_loadu_ps(xr + k));
+        _mm256_storeu_ps(h + k, v);
+      }
+      ss = _mm256_fmadd_ps(v, v, ss);
+    }
+    __m256 scale = _mm256_set1_ps(1.0f / sqrtf(hsum256(ss) / (float)j->dim + j->eps));
+    for (int64_t k = 0; k < j->dim; k += 8) {
+      __m256 v = _mm256_mul_ps(_mm256_loadu_ps(h + k), scale);
+      _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_loadu_ps(j->weight + k), v));
+    }
+  }
+}
+
+/* residual[r] += x[r] (skipped when add is 0: then residual already holds the row), then
+ * out[r] = residual[r] * weight / sqrt(mean(residual[r]^2) + eps). dim must be a multiple of 8. */
+void add_rms_norm(const float* x, int64_t x_ld, float* residual, int64_t res_ld, int add, const float* weight,
+                  float eps, float* out, int64_t out_ld, int64_t rows, int64_t dim, int num_threads,
+                  int use_pool) {
+  int64_t chunks = threads_for(rows, num_threads);
+  norm_job job = {x, x_ld, residual, res_ld, add, weight, eps, out, out_ld, rows, dim, chunks};
+  parallel_for(chunks, norm_chunk, &job, num_threads, use_pool);
+}
+
+typedef struct {
+  const float* gu;
+  int64_t gu_ld;
+  float* out;
+  int64_t out_ld, rows, inter, chunks;
+} swiglu_job;
+
+static void swiglu_chunk(void* arg, int64_t c) {
+  const swiglu_job* j = (const swiglu_job*)arg;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  for (int64_t r = r0; r < r1; r++) {
+    const float* g = j->gu + r * j->gu_ld;
+    const float* u = g + j->inter;
+    float* o = j->out + r * j->out_ld;
+    for (int64_t k = 0; k < j->inter; k += 8) {
+      __m256 x = _mm256_loadu_ps(g + k);
+      /* sigmoid(x) = 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) for x < 0: e^-|x| never overflows. */
+      __m256 t = exp256_nonpositive(_mm256_or_ps(x, sign));
+      __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, t));
+      __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(t, inv), x); /* x's sign bit picks e^x / (1 + e^x) */
+      _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + k)));
+    }
+  }
+}
+
+/* out[r, j] = silu(gu[r, j]) * gu[r, inter + j]: SwiGLU on the fused gate|up projection. inter % 8 == 0. */
+void silu_mul(const float* gu, int64_t gu_ld, float* out, int64_t out_ld, int64_t rows, int64_t inter,
+              int num_threads, int use_pool) {
+  int64_t chunks = threads_for(rows, num_threads);
+  swiglu_job job = {gu, gu_ld, out, out_ld, rows, inter, chunks};
+  parallel_for(chunks, swiglu_chunk, &job, num_threads, use_pool);
+}
+
+typedef struct {
+  float* x;
+  int64_t x_ld;
+  const float *cos_t, *sin_t;
+  int64_t cs_ld, rows, heads, head_dim, chunks;
+} rope_job;
+
+static void rope_chunk(void* arg, int64_t c) {
+  const rope_job* j = (const rope_job*)arg;
+  const int64_t half = j->head_dim / 2;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  for (int64_t r = r0; r < r1; r++) {
+    const float* cr = j->cos_t + r * j->cs_ld;
+    const float* sr = j->sin_t + r * j->cs_ld;
+    for (int64_t h = 0; h < j->heads; h++) {
+      float* x1 = j->x + r * j->x_ld + h * j->head_dim;
+      float* x2 = x1 + half;
+      for (int64_t k = 0; k < half; k += 8) {
+        __m256 a = _mm256_loadu_ps(x1 + k), b = _mm256_loadu_ps(x2 + k);
+        __m256 cv = _mm256_loadu_ps(cr + k), sv = _mm256_loadu_ps(sr + k);
+        _mm256_storeu_ps(x1 + k, _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)));
+        _mm256_storeu_ps(x2 + k, _mm256_fmadd_ps(b, cv, _mm256_mul_ps(a, sv)));
+      }
+    }
+  }
+}
+
+/* Rotary embedding in place, "rotate half" layout: for each of the `heads` head vectors of row r,
+ * (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with cos/sin [rows, head_dim / 2]. half % 8 == 0. */
+void rope_inplace(float* x, int64_t x_ld, const float* cos_t, const float* sin_t, int64_t cs_ld, int64_t rows,
+                  int64_t heads, int64_t head_dim, int num_threads, int use_pool) {
+  int64_t chunks = threads_for(rows, num_threads);
+  rope_job job = {x, x_ld, cos_t, sin_t, cs_ld, rows, heads, head_dim, chunks};
+  parallel_for(chunks, rope_chunk, &job, num_threads, use_pool);
+}

@@ -1,0 +1,135 @@
+"""Fused per-token ops of a Llama layer (``elementwise.c``): residual add + RMSNorm, SwiGLU, in-place RoPE.
+
+Each wrapper returns None (or False) when the kernel does not apply: CPU float32, unit stride along the last
+dimension, a width that is a multiple of 8. The caller then runs its PyTorch formula.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.engine.kernels import library
+
+
+def _rows_ok(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(1) == 1
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``residual += x`` (or ``residual = x`` when None), then ``(rms_norm(residual) * weight, residual)``.
+
+    The residual stream is updated in place, so pass a tensor this layer owns.
+    """
+    lib = library.get()
+    if lib is None or not _rows_ok(x) or x.shape[1] % 8 or not weight.is_contiguous():
+        return None
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.numel() != x.shape[1]:
+        return None
+    if residual is not None and (not _rows_ok(residual) or residual.shape != x.shape):
+        return None
+    rows, dim = x.shape
+    add = residual is not None
+    stream = residual if residual is not None else x
+    out = torch.empty(rows, dim, dtype=torch.float32)
+    lib.add_rms_norm(
+        x.data_ptr(),
+        x.stride(0),
+        stream.data_ptr(),
+        stream.stride(0),
+        int(add),
+        weight.data_ptr(),
+        eps,
+        out.data_ptr(),
+        dim,
+        rows,
+        dim,
+        torch.get_num_threads(),
+        library.use_pool(rows),
+    )
+    return out, stream
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` ``[rows, 2 * inter]``."""
+    lib = library.get()
+    if lib is None or not _rows_ok(gate_up) or gate_up.shape[1] % 16:
+        return None
+    rows, width = gate_up.shape
+    inter = width // 2
+    out = torch.empty(rows, inter, dtype=torch.float32)
+    lib.silu_mul(
+        gate_up.data_ptr(),
+        gate_up.stride(0),
+        out.data_ptr(),
+        inter,
+        rows,
+        inter,
+        torch.get_num_threads(),
+        library.use_pool(rows),
+    )
+    return out
+
+
+def rope_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotate ``x`` ``[T, heads, head_dim]`` in place ("rotate half"); ``cos``/``sin`` ``[T, 1, head_dim // 2]``.
+
+    ``x`` may be a view into a wider row (the q|k part of a fused projection); heads must be adjacent.
+    """
+    lib = library.get()
+    if lib is None or x.dim() != 3 or x.dtype != torch.float32 or x.device.type != "cpu":
+        return False
+    rows, heads, head_dim = x.shape
+    half = head_dim // 2
+    if head_dim % 16 or x.stride(2) != 1 or x.stride(1) != head_dim:
+        return False
+    for t in (cos, sin):
+        if t.dtype != torch.float32 or t.shape != (rows, 1, half) or t.stride(2) != 1 or t.stride(0) != half:
+            return False
+    lib.rope_inplace(
+        x.data_ptr(),
+        x.stride(0),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        half,
+        rows,
+        heads,
+        head_dim,
+        torch.get_num_threads(),
+        library.use_pool(rows),
+    )
+    return True
+
+
+def check_elementwise() -> bool:
+    """The three kernels against their PyTorch formulas on random rows."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 64, generator=gen)
+    res = torch.randn(5, 64, generator=gen)
+    w = torch.randn(64, generator=gen)
+    fused = add_rms_norm(x, res.clone(), w, 1e-5)
+    h = x + res
+    ok = fused is not None and torch.allclose(fused[1], h)
+    ok = (
+        ok
+        and fused is not None
+        and torch.allclose(fused[0], torch.nn.functional.rms_norm(h, (64,), w, 1e-5), atol=1e-5)
+    )
+    gu = torch.randn(3, 32, generator=gen) * 8
+    sm = silu_mul(gu)
+    ok = (
+        ok
+        and sm is not None
+        and torch.allclose(sm, torch.nn.functional.silu(gu[:, :16]) * gu[:, 16:], atol=1e-5)
+    )
+    q = torch.randn(4, 3, 32, generator=gen)
+    ang = torch.randn(4, 1, 16, generator=gen)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = q[..., :16], q[..., 16:]
+    want = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    got = q.clone()
+    return ok and rope_inplace(got, cos, sin) and torch.allclose(got, want, atol=1e-5)
+
+
+library.self_checks.append(check_elementwise)

@@ -1,0 +1,116 @@
+"""The process-wide kernel library: built and loaded once, checked against PyTorch, switchable off."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable
+
+import torch
+
+from app.engine.kernels.build import load_kernel
+
+log = logging.getLogger(__name__)
+
+LIBRARY = "engine_kernels"
+SOURCES = ("threadpool.c", "small_matmul.c", "paged_attention.c", "elementwise.c")
+_ABI = {"small_matmul_abi_version": 2, "paged_attention_abi_version": 4, "elementwise_abi_version": 2}
+
+_i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+# Every kernel ends with (threads, use_pool): see use_pool() below.
+_SIGNATURES: dict[str, list[type]] = {
+    "small_matmul": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _int, _int],
+    "paged_decode_attention": [
+        *(_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr),  # q, q_ld, k, v, tables, bt_stride, ctx, rows
+        *(_i64, _i64, _i64, _i64, _i64, _f32),  # seqs, heads, kv_heads, head_dim, block_size, scale
+        *(_ptr, _i64, _ptr, _i64, _i64, _int, _int),  # out, out_ld, scratch, per_thread, max_context, ...
+    ],
+    # x, x_ld, residual, res_ld, add, weight, eps, out, out_ld, rows, dim, ...
+    "add_rms_norm": [_ptr, _i64, _ptr, _i64, _int, _ptr, _f32, _ptr, _i64, _i64, _i64, _int, _int],
+    "silu_mul": [
+        _ptr,
+        _i64,
+        _ptr,
+        _i64,
+        _i64,
+        _i64,
+        _int,
+        _int,
+    ],  # gate_up, ld, out, out_ld, rows, inter, ...
+    # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
+    "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
+}
+# A step of at most this many tokens runs its products in small_matmul too (see matmul.MAX_ROWS), so every
+# kernel of it uses the kernels' own thread pool; larger steps interleave with MKL and share OpenMP's threads.
+POOL_MAX_TOKENS = 24
+
+
+def use_pool(tokens: int) -> int:
+    """The last argument of every kernel: 1 for the kernels' thread pool, 0 for OpenMP (threadpool.h)."""
+    return int(tokens <= POOL_MAX_TOKENS)
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_loaded = False
+_enabled = True
+_scratch = threading.local()  # per thread: engines in different threads must not share scratch memory
+# Run once after loading, with the library in place; a False from any of them disables it.
+self_checks: list[Callable[[], bool]] = []
+
+
+def get() -> ctypes.CDLL | None:
+    """The loaded library, or None when it is switched off or could not be built."""
+    if not _enabled:
+        return None
+    return _lib if _loaded else _load()
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _loaded
+    with _lock:
+        if _loaded:
+            return _lib
+        _loaded = True
+        lib = load_kernel(LIBRARY, SOURCES)
+        if lib is None:
+            return None
+        try:
+            for name, version in _ABI.items():
+                if getattr(lib, name)() != version:
+                    raise OSError(f"{name} is not {version}: a stale library")
+            for name, argtypes in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.argtypes = argtypes
+                fn.restype = None
+        except (OSError, AttributeError) as exc:
+            log.warning("C kernels not used: %s", exc)
+            return None
+        _lib = lib
+        for check in self_checks:
+            if not check():
+                log.warning("C kernel check %s disagrees with PyTorch; kernels not used", check.__name__)
+                _lib = None
+                break
+        return _lib
+
+
+def available() -> bool:
+    """Whether the kernels are built, loaded and enabled (builds them on the first call)."""
+    return get() is not None
+
+
+def enable(on: bool = True) -> None:
+    """Use the kernels where they apply (the default) or always fall back to PyTorch."""
+    global _enabled
+    _enabled = on
+
+
+def scratch(numel: int) -> torch.Tensor:
+    """A float32 scratch buffer of at least ``numel`` elements, owned by the calling thread."""
+    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(max(numel + numel // 4, 1 << 16), dtype=torch.float32)
+        _scratch.buf = buf
+    return buf

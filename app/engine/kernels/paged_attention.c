@@ -1,0 +1,190 @@
+/* Decode attention straight from the paged KV cache: one query token per sequence.
+ *
+ * PyTorch's way (gather every sequence's blocks into a padded tensor, then scaled_dot_product_attention on
+ * [seqs, kv_heads, group, width]) pays a copy of the whole context and, worse, runs one tiny GEMM per
+ * (sequence, head) with a fixed cost each. Here a task (a sequence, or one kv head of it when there are too few
+ * sequences to keep the threads busy) reads its keys and values in place through the block table, once, for
+ * all the query heads that share them:
+ *
+ *   1. scores[h][p] = scale * dot(q_h, k_p) for the p < context_len positions;
+ *   2. softmax per query head (max, exp, sum) with a vectorised exp;
+ *   3. out_h = sum_p softmax[h][p] * v_p.
+ *
+ * Caches are [num_blocks, block_size, kv_heads, head_dim] (one of K or V of one layer); block_tables is
+ * [seqs, bt_stride] int64; head_dim must be a multiple of 8 and at most 128.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "threadpool.h"
+
+int paged_attention_abi_version(void) { return 4; }
+
+static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+/* e^x for x <= 0 (softmax arguments after subtracting the max): 2^n * e^r with n = round(x / ln 2) and a
+ * degree-6 polynomial for e^r on |r| <= ln2 / 2 (relative error ~2e-7); x below -87 gives 0. */
+static inline __m256 exp256_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.0f);
+  __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  /* r = x - n ln2 in two steps (ln2 split into a short exact part and the rest) to keep r accurate. */
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, result);
+}
+
+/* Sums of 8 vectors, one per lane: lane i of the result is the sum of the lanes of v[i]. */
+static inline __m256 transpose_sum8(const __m256 v[8]) {
+  __m256 a01 = _mm256_hadd_ps(v[0], v[1]), a23 = _mm256_hadd_ps(v[2], v[3]);
+  __m256 a45 = _mm256_hadd_ps(v[4], v[5]), a67 = _mm256_hadd_ps(v[6], v[7]);
+  __m256 b0 = _mm256_hadd_ps(a01, a23), b1 = _mm256_hadd_ps(a45, a67);
+  /* b0 = [s0 s1 s2 s3 | s0' s1' s2' s3'] (low and high halves of each sum), b1 likewise for 4..7 */
+  __m256 lo = _mm256_permute2f128_ps(b0, b1, 0x20), hi = _mm256_permute2f128_ps(b0, b1, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+/* Attention of the query heads of kv heads [h0, h1) of one sequence (query heads h0 * group onwards; q and
+ * out point at the first). Every position's keys of a sequence's kv heads are adjacent in the cache, so a task
+ * that takes all the heads streams its K/V rows contiguously. The numbers of a (query head, position) do not
+ * depend on the head range. `rows` is scratch for ctx cache-row indices, `scores` for (h1 - h0) * group * ctx
+ * floats. */
+static void attend(const float* q, const float* k_cache, const float* v_cache, const int64_t* table, int64_t ctx,
+                   int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale,
+                   float* out, float* scores, int64_t* rows) {
+  const int64_t token_stride = kvh * hd; /* floats between consecutive cache rows */
+  const int64_t nvec = hd / 8;
+  const int64_t qheads = (h1 - h0) * group;
+  for (int64_t p = 0; p < ctx; p++) rows[p] = (table[p / bs] * bs + p % bs) * token_stride;
+
+  /* 1. scores[qh][p], eight positions at a time so one transposing reduction finishes eight dot products */
+  for (int64_t qh = 0; qh < qheads; qh++) {
+    const float* qv = q + qh * hd;
+    const float* kh = k_cache + (h0 + qh / group) * hd;
+    float* s = scores + qh * ctx;
+    int64_t p = 0;
+    for (; p + 8 <= ctx; p += 8) {
+      __m256 acc[8];
+      for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+      for (int64_t j = 0; j < nvec; j++) {
+        __m256 qj = _mm256_loadu_ps(qv + 8 * j);
+        for (int i = 0; i < 8; i++)
+          acc[i] = _mm256_fmadd_ps(qj, _mm256_loadu_ps(kh + rows[p + i] + 8 * j), acc[i]);
+      }
+      _mm256_storeu_ps(s + p, _mm256_mul_ps(transpose_sum8(acc), _mm256_set1_ps(scale)));
+    }
+    for (; p < ctx; p++) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = 0; j < nvec; j++)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * j), _mm256_loadu_ps(kh + rows[p] + 8 * j), acc);
+      s[p] = hsum256(acc) * scale;
+    }
+  }
+
+  /* 2. softmax weights, normalised into the scores buffer */
+  for (int64_t qh = 0; qh < qheads; qh++) {
+    float* s = scores + qh * ctx;
+    float mx = -INFINITY;
+    for (int64_t p = 0; p < ctx; p++) mx = s[p] > mx ? s[p] : mx;
+    __m256 vmax = _mm256_set1_ps(mx), vsum = _mm256_setzero_ps();
+    int64_t p = 0;
+    for (; p + 8 <= ctx; p += 8) {
+      __m256 e = exp256_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + p), vmax));
+      _mm256_storeu_ps(s + p, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum256(vsum);
+    if (p < ctx) { /* tail: pad a vector with -inf, which exp maps to 0 */
+      float tail[8];
+      for (int i = 0; i < 8; i++) tail[i] = p + i < ctx ? s[p + i] - mx : -INFINITY;
+      __m256 e = exp256_nonpositive(_mm256_loadu_ps(tail));
+      _mm256_storeu_ps(tail, e);
+      for (int64_t i = 0; p + i < ctx; i++) {
+        s[p + i] = tail[i];
+        sum += tail[i];
+      }
+    }
+    float inv = 1.0f / sum;
+    for (int64_t i = 0; i < ctx; i++) s[i] *= inv;
+  }
+
+  /* 3. out[qh] = sum_p w[qh][p] v_p, accumulated in registers (up to 16 vectors: head_dim <= 128) */
+  for (int64_t qh = 0; qh < qheads; qh++) {
+    const float* vh = v_cache + (h0 + qh / group) * hd;
+    const float* w = scores + qh * ctx;
+    float* o = out + qh * hd;
+    for (int64_t j0 = 0; j0 < nvec; j0 += 8) {
+      int64_t nj = nvec - j0 < 8 ? nvec - j0 : 8;
+      __m256 acc[8];
+      for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+      for (int64_t p = 0; p < ctx; p++) {
+        __m256 wp = _mm256_set1_ps(w[p]);
+        const float* vp = vh + rows[p] + 8 * j0;
+        for (int64_t j = 0; j < nj; j++) acc[j] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8 * j), acc[j]);
+      }
+      for (int64_t j = 0; j < nj; j++) _mm256_storeu_ps(o + 8 * (j0 + j), acc[j]);
+    }
+  }
+}
+
+typedef struct {
+  const float* q;
+  int64_t q_ld;
+  const float *k_cache, *v_cache;
+  const int64_t *block_tables, *context_lens, *rows;
+  int64_t bt_stride, heads, kvh, hd, bs, group, split, per_seq;
+  float scale;
+  float* out;
+  int64_t out_ld;
+  float* scratch;
+  int64_t scratch_per_thread, max_context;
+} attention_job;
+
+static void attention_task(void* arg, int64_t task) {
+  const attention_job* j = (const attention_job*)arg;
+  int64_t i = task / j->per_seq, h0 = (task % j->per_seq) * j->split;
+  int64_t row = j->rows ? j->rows[i] : i;
+  int64_t first = h0 * j->group * j->hd;
+  float* scores = j->scratch + (int64_t)thread_slot() * j->scratch_per_thread;
+  int64_t* cache_rows = (int64_t*)(scores + ((j->heads * j->max_context + 1) & ~(int64_t)1)); /* aligned */
+  attend(j->q + row * j->q_ld + first, j->k_cache, j->v_cache, j->block_tables + i * j->bt_stride,
+         j->context_lens[i], h0, h0 + j->split, j->group, j->kvh, j->hd, j->bs, j->scale,
+         j->out + row * j->out_ld + first, scores, cache_rows);
+}
+
+/* q: row rows[i] (or i when rows is NULL) of a [tokens, heads * head_dim] matrix with row stride q_ld;
+ * out: the same rows of a [tokens, heads * head_dim] matrix with row stride out_ld. Each thread's scratch
+ * (scratch_per_thread floats, an even number) holds the scores, then max_context int64 cache-row indices.
+ * With enough sequences to keep every thread busy a task is a whole sequence; with fewer, one kv head of one. */
+void paged_decode_attention(const float* q, int64_t q_ld, const float* k_cache, const float* v_cache,
+                            const int64_t* block_tables, int64_t bt_stride, const int64_t* context_lens,
+                            const int64_t* rows, int64_t num_seqs, int64_t heads, int64_t kvh, int64_t hd,
+                            int64_t bs, float scale, float* out, int64_t out_ld, float* scratch,
+                            int64_t scratch_per_thread, int64_t max_context, int num_threads, int use_pool) {
+  int nthreads = num_threads < 1 ? 1 : num_threads;
+  int64_t split = num_seqs >= 2 * (int64_t)nthreads ? kvh : 1; /* kv heads per task */
+  attention_job job = {q,        q_ld,  k_cache, v_cache, block_tables,       context_lens,
+                       rows,     bt_stride, heads,   kvh,     hd,                 bs,
+                       heads / kvh, split, kvh / split, scale, out,           out_ld,
+                       scratch,  scratch_per_thread, max_context};
+  parallel_for(num_seqs * (kvh / split), attention_task, &job, nthreads, use_pool);
+}

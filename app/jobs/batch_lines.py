@@ -1,0 +1,167 @@
+"""The lines of an OpenAI Batch API input file: ``{"custom_id", "method": "POST", "url", "body"}``, one per line.
+
+Two checks, as OpenAI makes them. When a file is uploaded with purpose ``batch``, every line must be such a
+request (a bad line or a repeated ``custom_id`` refuses the upload). When a batch is created, every line must
+also fit the batch: its ``url`` must be the batch's endpoint, and the body must be a request that endpoint
+takes; otherwise the batch fails with one error per bad line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+CHAT_COMPLETIONS = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+ENDPOINTS = (CHAT_COMPLETIONS, COMPLETIONS)
+
+MAX_CUSTOM_ID = 255  # the items table's limit
+MAX_REPORTED_ERRORS = 100  # a failed batch lists at most this many bad lines
+
+#: body fields that are not sampling options: the model is the server's, and batch answers are never streamed
+_NOT_OPTIONS = frozenset({"messages", "prompt", "model", "stream", "stream_options"})
+
+
+class BatchFileError(ValueError):
+    """A line of a batch file is not a request; ``line`` is 1-based."""
+
+    def __init__(self, message: str, *, line: int | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.param = param
+
+
+@dataclass(frozen=True)
+class RequestLine:
+    line: int  # 1-based line number in the file
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LineProblem:
+    """Why a line does not fit a batch: an entry of the batch's ``errors``."""
+
+    code: str
+    message: str
+    line: int
+    param: str | None = None
+
+    def as_error(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+def parse_request_lines(content: bytes) -> list[RequestLine]:
+    """Every request of a batch file; raises :class:`BatchFileError` at the first line that is not one."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BatchFileError(f"the file is not UTF-8 text (byte {exc.start} is not valid UTF-8)") from None
+    lines: list[RequestLine] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        request = _parse_line(raw, number)
+        first = seen.get(request.custom_id)
+        if first is not None:
+            raise BatchFileError(
+                f"line {number}: duplicate custom_id {request.custom_id!r} (first used on line {first}); "
+                "every request of a batch needs its own custom_id",
+                line=number, param="custom_id",
+            )
+        seen[request.custom_id] = number
+        lines.append(request)
+    if not lines:
+        raise BatchFileError("the file has no requests: write one JSON request per line")
+    return lines
+
+
+def _parse_line(raw: str, number: int) -> RequestLine:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BatchFileError(f"line {number} is not valid JSON ({exc.msg} at column {exc.colno})",
+                             line=number) from None
+    if not isinstance(data, dict):
+        raise BatchFileError(
+            f"line {number} is not a JSON object: each line must be "
+            '{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}',
+            line=number,
+        )
+    custom_id = data.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise BatchFileError(f"line {number}: custom_id must be a non-empty string", line=number, param="custom_id")
+    if len(custom_id) > MAX_CUSTOM_ID:
+        raise BatchFileError(f"line {number}: custom_id is longer than {MAX_CUSTOM_ID} characters",
+                             line=number, param="custom_id")
+    method = data.get("method")
+    if method != "POST":
+        raise BatchFileError(f"line {number}: method must be 'POST', not {method!r}", line=number, param="method")
+    url = data.get("url")
+    if url not in ENDPOINTS:
+        raise BatchFileError(
+            f"line {number}: url {url!r} is not supported; use one of {', '.join(ENDPOINTS)}",
+            line=number, param="url",
+        )
+    body = data.get("body")
+    if not isinstance(body, dict):
+        raise BatchFileError(f"line {number}: body must be a JSON object (the request's body)",
+                             line=number, param="body")
+    return RequestLine(number, custom_id, url, body)
+
+
+def check_lines(lines: list[RequestLine], endpoint: str) -> list[LineProblem]:
+    """The lines that do not fit a batch on ``endpoint`` (at most :data:`MAX_REPORTED_ERRORS` of them)."""
+    problems: list[LineProblem] = []
+    for request in lines:
+        problem = _check_line(request, endpoint)
+        if problem is not None:
+            problems.append(problem)
+            if len(problems) >= MAX_REPORTED_ERRORS:
+                break
+    return problems
+
+
+def _check_line(request: RequestLine, endpoint: str) -> LineProblem | None:
+    number, body = request.line, request.body
+    if request.url != endpoint:
+        return LineProblem("mismatched_endpoint", f"line {number}: url {request.url!r} does not match the batch's "
+                           f"endpoint {endpoint!r}; all requests of a batch go to its endpoint", number, "url")
+    if endpoint == CHAT_COMPLETIONS:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            return LineProblem("invalid_request", f"line {number}: body.messages must be a non-empty list of "
+                               "message objects", number, "body.messages")
+    elif _prompt_text(body.get("prompt")) is None:
+        return LineProblem("invalid_request", f"line {number}: body.prompt must be a string (or a list holding "
+                           "one string)", number, "body.prompt")
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        return LineProblem("unsupported_value", f"line {number}: body.n must be 1 in a batch on this server "
+                           "(one choice per request); send several requests instead", number, "body.n")
+    return None
+
+
+def _prompt_text(prompt: Any) -> str | None:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    return None
+
+
+def item_of(request: RequestLine, endpoint: str) -> dict[str, Any]:
+    """The job item a checked line runs as: the inputs of :class:`app.jobs.batch_pipeline.BatchRequest`.
+
+    The pipeline's client speaks chat, so a ``/v1/completions`` prompt is sent as one user message."""
+    body = request.body
+    if endpoint == CHAT_COMPLETIONS:
+        messages = body["messages"]
+    else:
+        messages = [{"role": "user", "content": _prompt_text(body.get("prompt"))}]
+    options = {key: value for key, value in body.items() if key not in _NOT_OPTIONS}
+    return {"custom_id": request.custom_id, "input": {"messages": messages, "options": options}}

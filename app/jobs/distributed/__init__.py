@@ -1,0 +1,26 @@
+"""Jobs on workers: each graph node of each item is one task on a transport (Celery, in ``workers/``).
+
+PostgreSQL holds the truth (``node_tasks``: waiting counts, attempts, leases; ``node_results``: the values);
+the transport only carries ids. See ``dispatch`` (submission → first tasks), ``node_task`` (one node, the
+function behind the Celery task), ``sweeper`` (lost workers and messages, expiry) and ``limited`` (endpoints
+behind the global limits).
+"""
+
+from app.jobs.distributed.dispatch import dispatch_job
+from app.jobs.distributed.messages import Dispatcher, Endpoints, NodeMessage
+from app.jobs.distributed.node_task import NodeCall, NodePolicy, NodeWorker, Outcome, run_node
+from app.jobs.distributed.sweeper import SweepReport, sweep
+
+__all__ = [
+    "Dispatcher",
+    "Endpoints",
+    "NodeCall",
+    "NodeMessage",
+    "NodePolicy",
+    "NodeWorker",
+    "Outcome",
+    "SweepReport",
+    "dispatch_job",
+    "run_node",
+    "sweep",
+]

@@ -1,0 +1,156 @@
+"""Terminal states on the distributed path: an item whose last node is stored, an item that failed, a job whose
+last item finished, a cancelled job whose workers have stopped. Each runs inside the caller's transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.db import ITEM_OPEN, ItemStatus, JobStatus, repository, utcnow
+from app.db.repository import ItemOutcome
+from app.db.repository import node_runs as runs_repo
+from app.db.repository import node_tasks as tasks_repo
+from app.jobs.distributed.trace import job_trace
+from app.jobs.encoding import decode_value
+from app.jobs.nodes import ItemGraph, item_outcome
+from app.jobs.writer import CostFn
+
+ALL_FAILED = "AllItemsFailed"
+CANCELLED_ERROR = {"type": "Cancelled", "message": "the job was cancelled before this item finished"}
+
+
+def finish_item_if_done(session: Session, item: ItemGraph, cost: CostFn | None = None) -> ItemOutcome | None:
+    """Store the item's outcome when none of its nodes is left to run; None while some are (or it is closed).
+
+    The item's row is locked first: of two workers storing its last two nodes at once, the second waits here and
+    then sees the first one's node, so exactly one of them finishes the item.
+    """
+    if not runs_repo.lock_item_if_done(session, item_id=item.item_id):
+        return None
+    if not all(n in item.values or n in item.graph.input_ids for n in item.graph.output_ids):
+        stored = runs_repo.item_values(session, item_id=item.item_id)
+        item.values.update({n: decode_value(v) for n, v in stored.items() if n in item.graph.nodes})
+    outcome = item_outcome(item)
+    if outcome is None:
+        missing = [n for n in item.graph.output_ids if n not in item.values]
+        outcome = ItemOutcome(
+            item.item_id,
+            ItemStatus.FAILED,
+            None,
+            {
+                "type": "IncompleteItem",
+                "message": f"every node of the item ran but its outputs {missing} were not stored; submit it again",
+            },
+        )
+    now = utcnow()
+    progress = runs_repo.finish_locked_item(
+        session,
+        job_id=item.job_id,
+        item_id=item.item_id,
+        status=outcome.status,
+        output=outcome.output,
+        error=outcome.error,
+        now=now,
+    )
+    _add_metrics(session, item, cost, now)
+    if progress.finished:
+        settle_job(session, item.job_id)
+    return outcome
+
+
+def fail_item(session: Session, job_id: str, item_id: int, error: dict[str, Any]) -> bool:
+    """The item fails with ``error``; its unfinished nodes will not run. False when it was already terminal."""
+    if tasks_repo.lock_item(session, item_id=item_id) not in ITEM_OPEN:
+        return False
+    repository.finish_items(
+        session, job_id=job_id, outcomes=[ItemOutcome(item_id, ItemStatus.FAILED, None, error)]
+    )
+    tasks_repo.fail_open_node_tasks(session, item_id=item_id)
+    settle_job(session, job_id)
+    return True
+
+
+def settle_job(session: Session, job_id: str, now: datetime | None = None) -> str | None:
+    """Make the job terminal when it is due: every item finished (completed, or failed when none completed), or
+    cancelling with no node running any more. Returns the job's status afterwards (None: no such job)."""
+    job = repository.get_job(session, job_id=job_id)
+    if job is None:
+        return None
+    if job.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+        finished = job.completed_items + job.failed_items + job.cancelled_items
+        if finished < job.total_items:
+            return job.status
+        if job.total_items and job.completed_items == 0:
+            repository.finish_job(
+                session,
+                job_id=job_id,
+                status=JobStatus.FAILED,
+                error={
+                    "type": ALL_FAILED,
+                    "message": f"all {job.total_items} items failed; each result line has the item's error",
+                },
+            )
+            _save_trace(session, job_id)
+            return JobStatus.FAILED
+        repository.finish_job(session, job_id=job_id, status=JobStatus.COMPLETED)
+        _save_trace(session, job_id)
+        return JobStatus.COMPLETED
+    if job.status == JobStatus.CANCELLING:
+        if tasks_repo.live_node_tasks(session, job_id=job_id, now=now or utcnow()):
+            return job.status  # workers still run some nodes; the sweeper looks again
+        tasks_repo.close_job_node_tasks(session, job_id=job_id)
+        open_ids = repository.open_item_ids(session, job_id=job_id)
+        repository.finish_items(
+            session,
+            job_id=job_id,
+            outcomes=[ItemOutcome(i, ItemStatus.CANCELLED, None, CANCELLED_ERROR) for i in open_ids],
+        )
+        repository.finish_job(session, job_id=job_id, status=JobStatus.CANCELLED)
+        _save_trace(session, job_id)
+        return JobStatus.CANCELLED
+    return job.status
+
+
+def _save_trace(session: Session, job_id: str) -> None:
+    """The finished job's Chrome trace, from its node rows (``GET /v1/jobs/{id}/trace``)."""
+    repository.save_trace(session, job_id=job_id, trace=job_trace(session, job_id))
+
+
+def item_metrics(item: ItemGraph, cost: CostFn | None) -> runs_repo.ItemMetrics:
+    """The item's LLM calls, tokens, cost and latency (from the stored values' metadata), counted once when the
+    item finishes."""
+    calls = tokens_in = tokens_out = 0
+    latency_total = latency_max = dollars = 0.0
+    for node_id, node in item.graph.nodes.items():
+        value = item.values.get(node_id)
+        if node.kind != "llm" or value is None or not value.meta or "input_tokens" not in value.meta:
+            continue
+        meta = value.meta
+        n_in, n_out = int(meta.get("input_tokens") or 0), int(meta.get("output_tokens") or 0)
+        latency = float(meta.get("latency_ms") or 0.0)
+        calls += 1
+        tokens_in += n_in
+        tokens_out += n_out
+        latency_total += latency
+        latency_max = max(latency_max, latency)
+        if cost is not None and node.alias is not None:
+            dollars += cost(node.alias, meta.get("model"), n_in, n_out)
+    return runs_repo.ItemMetrics(calls, tokens_in, tokens_out, dollars, latency_total, latency_max)
+
+
+def _add_metrics(session: Session, item: ItemGraph, cost: CostFn | None, now: datetime) -> None:
+    m = item_metrics(item, cost)
+    if m.calls:
+        runs_repo.add_metrics(
+            session,
+            job_id=item.job_id,
+            calls=m.calls,
+            input_tokens=m.input_tokens,
+            output_tokens=m.output_tokens,
+            cost=m.cost,
+            latency_ms_total=m.latency_ms_total,
+            latency_ms_max=m.latency_ms_max,
+            now=now,
+        )

@@ -1,0 +1,70 @@
+"""Scheduled evaluations on Celery: what the beat's periodic task and the evaluation task of a worker call.
+
+``fire()`` queues one evaluation per due (schedule, fire time) and returns the ids to send to workers, plus the
+scheduled evaluations still queued long after they were fired (their message was lost: a worker died before
+acknowledging, or Redis restarted); sending one twice is harmless, since only one runner can claim it.
+``run(evaluation_id)`` claims and runs one evaluation in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import create_db_engine, database_url, make_session_factory, session_scope, utcnow
+from app.db.optimization_models import Evaluation, RunStatus
+from app.jobs.evaluations import fire_due_schedules
+from app.jobs.learning_runtime import run_evaluation_once
+from app.settings import Settings
+
+
+class LearningWorker:
+    def __init__(self, settings: Settings, *, lease_s: float = 60.0) -> None:
+        self.settings = settings
+        self.lease_s = lease_s
+        self.sessions: sessionmaker[Session] = make_session_factory(create_db_engine(database_url(settings)))
+
+    def fire(self) -> list[str]:
+        with session_scope(self.sessions) as session:
+            created = fire_due_schedules(session)
+        resend_before = utcnow() - timedelta(seconds=max(60.0, 4 * self.settings.evaluation_schedule_interval))
+        with session_scope(self.sessions) as session:
+            stmt = select(Evaluation.id).where(
+                Evaluation.status == RunStatus.QUEUED, Evaluation.schedule_id.is_not(None),
+                Evaluation.created_at < resend_before,
+            ).limit(100)
+            lost = [i for i in session.scalars(stmt) if i not in created]
+        return created + lost
+
+    def run(self, evaluation_id: str) -> bool:
+        return run_evaluation_once(self.sessions, evaluation_id, settings=self.settings, lease_s=self.lease_s)
+
+    def queue_kind(self) -> str:
+        """Evaluations call LLMs: remote endpoints (a resources file) or the engine in an --engine worker."""
+        return "llm" if self.settings.resources_file is not None else "engine"
+
+
+_lock = threading.Lock()
+_worker: LearningWorker | None = None
+
+
+def _reset_after_fork() -> None:
+    global _lock, _worker
+    _lock = threading.Lock()
+    _worker = None
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)  # connections must not cross a prefork fork
+
+
+def learning_worker(settings: Settings) -> LearningWorker:
+    """This process's LearningWorker, built on first use."""
+    global _worker
+    with _lock:
+        if _worker is None:
+            _worker = LearningWorker(settings)
+        return _worker

@@ -1,0 +1,50 @@
+"""An engine worker (``inf-engine worker --engine``) hosts one engine per process and feeds it from many task
+threads at once, so its continuous batching decodes concurrent node tasks together."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.distributed.cluster import Cluster
+
+pytest.importorskip("torch")
+
+ITEMS = 32
+PIPELINE = "tests.integration.distributed.pipelines:OneCall"
+
+
+def _makespan(cluster: Cluster, items: int, tag: str) -> float:
+    inputs = [{"custom_id": f"{tag}-{i}", "input": f"Write a short note number {i} about the sea."}
+              for i in range(items)]
+    start = time.perf_counter()
+    job_id = cluster.submit(PIPELINE, inputs)
+    view = cluster.wait(job_id, 300)
+    elapsed = time.perf_counter() - start
+    assert view["status"] == "completed" and view["counts"]["completed"] == items, view
+    assert view["usage"]["output_tokens"] == 128 * items
+    return elapsed
+
+
+@pytest.mark.timeout(600)
+def test_concurrent_items_share_one_engine_batch(cluster: Cluster, tmp_path: Path) -> None:
+    from tests.unit.serving.server_helpers import build_tiny_llama
+
+    model = build_tiny_llama(tmp_path / "tiny-llama")
+    cluster.resources.unlink()  # no resources file: every alias is the worker's own in-process engine
+    del cluster.env["INF_ENGINE_RESOURCES_FILE"]
+    cluster.env.update(INF_ENGINE_MODEL=str(model), INF_ENGINE_NUM_THREADS="1")
+
+    one_by_one = cluster.start_worker("serial", "--engine", "--concurrency", "1")
+    _makespan(cluster, 1, "warm-serial")  # load the weights before timing
+    serial = _makespan(cluster, ITEMS, "serial")
+    cluster.stop(one_by_one)
+
+    cluster.start_worker("batched", "--engine", "--concurrency", str(ITEMS))
+    _makespan(cluster, 1, "warm-batched")
+    batched = _makespan(cluster, ITEMS, "batched")
+    print(f"{ITEMS} single-node items on one engine worker: one by one {serial:.2f} s, concurrently {batched:.2f} s "
+          f"({serial / batched:.1f}x)")
+    assert batched < serial / 3

@@ -1,0 +1,75 @@
+"""Platform metrics: what workers record in Redis, and what the collector exports with the jobs table's counts."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session
+
+from app.db.repository.platform_stats import job_status_counts
+from app.jobs.monitoring import BufferedRecorder, JobCounts, PlatformCollector
+from app.jobs.submission import JobRequest, submit_job
+from tests.redisdb import client, temporary_prefix
+
+
+def _samples(collector: PlatformCollector) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_worker_observations_and_queue_depths_reach_the_collector() -> None:
+    redis = client()
+    with temporary_prefix("infe_metrics") as prefix:
+        recorder = BufferedRecorder(redis, prefix, interval_s=60)
+        for seconds in (0.004, 0.03, 0.03, 2.0):
+            recorder.node_finished("llm", seconds)
+        recorder.node_finished("op", 0.001)
+        recorder.rate_limit_wait("openai:gpt@http://x", 0.5)
+        recorder.rate_limit_wait("openai:gpt@http://x", 0.25)
+        recorder.flush()
+        queue_key = f"{prefix}:celery:{prefix}.llm"
+        redis.rpush(queue_key, b"m1", b"m2")
+        redis.rpush(f"{queue_key}:3", b"m3")
+        counts = JobCounts({"running": 2, "completed": 5}, {"completed": 40, "failed": 2, "cancelled": 0})
+        collector = PlatformCollector(
+            lambda: counts, lambda: redis, prefix,
+            {f"{prefix}.llm": [queue_key, f"{queue_key}:3"], f"{prefix}.cpu": [f"{prefix}:celery:{prefix}.cpu"]},
+            ["queued", "running", "completed"],
+        )
+        samples = _samples(collector)
+    redis.close()
+    assert samples["inf_engine_jobs"] == {(("status", "completed"),): 5, (("status", "queued"),): 0,
+                                          (("status", "running"),): 2}
+    assert samples["inf_engine_items_done_total"][(("status", "completed"),)] == 40
+    assert samples["inf_engine_queue_depth"] == {(("queue", f"{prefix}.llm"),): 3, (("queue", f"{prefix}.cpu"),): 0}
+    llm = (("kind", "llm"),)
+    assert samples["inf_engine_node_latency_seconds_count"][llm] == 4
+    assert abs(samples["inf_engine_node_latency_seconds_sum"][llm] - 2.064) < 1e-9
+    buckets = samples["inf_engine_node_latency_seconds_bucket"]
+    assert buckets[(("kind", "llm"), ("le", "0.005"))] == 1
+    assert buckets[(("kind", "llm"), ("le", "0.05"))] == 3  # cumulative
+    assert buckets[(("kind", "llm"), ("le", "+Inf"))] == 4
+    endpoint = (("endpoint", "openai:gpt@http://x"),)
+    assert samples["inf_engine_rate_limit_waits_total"][endpoint] == 2
+    assert samples["inf_engine_rate_limit_wait_seconds_total"][endpoint] == 0.75
+
+
+def test_a_scrape_survives_a_missing_database_and_redis() -> None:
+    def down() -> None:
+        raise ConnectionError("down")
+
+    collector = PlatformCollector(lambda: None, down, "x", {"x.cpu": ["x:celery:x.cpu"]})  # type: ignore[arg-type]
+    assert _samples(collector) == {}
+
+
+def test_job_counts_group_jobs_by_status(db: Session) -> None:
+    for _ in range(2):
+        submit_job(db, JobRequest("review-compare", inputs=["a", "b", "c"]))
+    jobs, items = job_status_counts(db)
+    assert jobs == {"queued": 2}
+    assert items == {"completed": 0, "failed": 0, "cancelled": 0}

@@ -1,0 +1,101 @@
+"""Fused residual-add + RMSNorm, SwiGLU and in-place RoPE kernels against their PyTorch formulas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from app.engine import kernels
+from app.engine.models.layers import RMSNorm, apply_rope, apply_rope_, silu_mul
+
+needs_kernel = pytest.mark.skipif(
+    not kernels.available(), reason="no C compiler or no AVX2/FMA CPU: the kernels are not built here"
+)
+ROWS = [1, 3, 40]  # 40 rows take the multi-threaded path
+
+
+@pytest.fixture(autouse=True)
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+    kernels.enable(True)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", ROWS)
+def test_add_rms_norm(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    x, res = torch.randn(rows, 576, generator=gen), torch.randn(rows, 576, generator=gen)
+    w = torch.randn(576, generator=gen)
+    stream = res.clone()
+    fused = kernels.add_rms_norm(x, stream, w, 1e-5)
+    assert fused is not None
+    out, new_stream = fused
+    assert new_stream is stream  # updated in place
+    torch.testing.assert_close(stream, x + res, rtol=0, atol=0)
+    torch.testing.assert_close(out, F.rms_norm(x + res, (576,), w, 1e-5), rtol=1e-5, atol=1e-5)
+    first = kernels.add_rms_norm(x, None, w, 1e-5)  # first layer: the stream is x itself
+    assert first is not None and first[1] is x
+    torch.testing.assert_close(first[0], F.rms_norm(x, (576,), w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", ROWS)
+def test_silu_mul(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * 1536, generator=gen) * 6  # wide range: both sigmoid branches, saturation
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 80.0, -100.0])
+    got = kernels.silu_mul(gate_up)
+    assert got is not None
+    want = F.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", ROWS)
+def test_rope_in_place_on_a_fused_projection(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, 960, generator=gen)  # q (9 heads) | k (3 heads) | v (3 heads), head_dim 64
+    before = qkv.clone()
+    angles = torch.randn(rows, 1, 32, generator=gen) * 10
+    cos, sin = angles.cos(), angles.sin()
+    qk = qkv[:, :768].view(rows, 12, 64)
+    assert kernels.rope_inplace(qk, cos, sin)
+    want = apply_rope(before[:, :768].view(rows, 12, 64), cos, sin)
+    torch.testing.assert_close(qk, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(qkv[:, 768:], before[:, 768:])  # v untouched
+
+
+def test_out_of_scope_inputs_are_refused() -> None:
+    w = torch.randn(12)
+    assert kernels.add_rms_norm(torch.randn(2, 12), None, w, 1e-5) is None  # width not a multiple of 8
+    assert kernels.add_rms_norm(torch.randn(2, 16).double(), None, w.double(), 1e-5) is None
+    assert kernels.silu_mul(torch.randn(2, 24)) is None
+    assert not kernels.rope_inplace(
+        torch.randn(2, 3, 64).transpose(0, 1), torch.ones(3, 1, 32), torch.ones(3, 1, 32)
+    )
+
+
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_layer_helpers_agree_with_and_without_kernels(use_kernels: bool) -> None:
+    gen = torch.Generator().manual_seed(7)
+    norm = RMSNorm(64, 1e-6)
+    norm.weight = torch.nn.Parameter(torch.randn(64, generator=gen), requires_grad=False)
+    x, res = torch.randn(5, 64, generator=gen), torch.randn(5, 64, generator=gen)
+    gate_up = torch.randn(5, 64, generator=gen)
+    qk = torch.randn(5, 4, 32, generator=gen)
+    angles = torch.randn(5, 1, 16, generator=gen)
+    kernels.enable(use_kernels)
+    with torch.inference_mode():
+        out, stream = norm.add_forward(x, res.clone())
+        rotated = apply_rope_(qk.clone(), angles.cos(), angles.sin())
+        swiglu = silu_mul(gate_up)
+    torch.testing.assert_close(stream, x + res)
+    torch.testing.assert_close(out, F.rms_norm(x + res, (64,), norm.weight, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rotated, apply_rope(qk, angles.cos(), angles.sin()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(swiglu, F.silu(gate_up[:, :32]) * gate_up[:, 32:], rtol=1e-5, atol=1e-5)

@@ -1,0 +1,100 @@
+"""The C decode-attention kernel against the PyTorch (gather + SDPA) path of ``paged_attention``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from app.engine import kernels
+from app.engine.attention import AttentionMetadata, paged_attention
+from app.engine.kernels.attention import check_paged_decode_attention
+
+needs_kernel = pytest.mark.skipif(
+    not kernels.available(), reason="no C compiler or no AVX2/FMA CPU: the kernel is not built here"
+)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_step(
+    query_lens: list[int],
+    context_lens: list[int],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int = 64,
+    block_size: int = 4,
+    use_kernel: bool,
+    seed: int = 0,
+) -> tuple[torch.Tensor, AttentionMetadata]:
+    """One attention step over a random cache; block tables are shuffled so blocks are not in order."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-c // block_size) for c in context_lens]
+    num_blocks = sum(need) + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, at = [], 0
+    for n in need:
+        tables.append(order[at : at + n])
+        at += n
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    tokens = sum(query_lens)
+    query = torch.randn(tokens, heads, head_dim, generator=gen)
+    key = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    value = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    meta = AttentionMetadata.build(query_lens, context_lens, tables, block_size)
+    kernels.enable(use_kernel)
+    try:
+        out = paged_attention(query, key, value, cache, meta, head_dim**-0.5)
+    finally:
+        kernels.enable(True)
+    return out, meta
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("query_lens", "context_lens", "heads", "kv_heads"),
+    [
+        ([1], [1], 9, 3),  # the first decode token: context of one
+        ([1], [203], 9, 3),  # SmolLM2's GQA layout, a partial last block
+        ([1] * 20, [1, 2, 3, 5, 8, 60, 61, 63, 4, 9, 7, 62, 6, 3, 2, 64, 1, 59, 5, 58], 4, 2),
+        ([1, 7, 1, 5, 1], [33, 7, 2, 12, 17], 8, 8),  # decodes mixed with prefills (one with a cached prefix)
+    ],
+)
+def test_kernel_matches_the_torch_path(
+    query_lens: list[int], context_lens: list[int], heads: int, kv_heads: int, two_threads: None
+) -> None:
+    ours, meta = run_step(query_lens, context_lens, heads=heads, kv_heads=kv_heads, use_kernel=True)
+    ref, _ = run_step(query_lens, context_lens, heads=heads, kv_heads=kv_heads, use_kernel=False)
+    assert meta.decode_index is not None
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_results_do_not_depend_on_threads_or_runs(two_threads: None) -> None:
+    """Each (sequence, kv head) is one task computed start to end by one thread."""
+    lens = [40, 3, 77, 12]
+    batch, _ = run_step([1] * 4, lens, heads=9, kv_heads=3, use_kernel=True, seed=5)
+    again, _ = run_step([1] * 4, lens, heads=9, kv_heads=3, use_kernel=True, seed=5)
+    assert torch.equal(batch, again)
+    torch.set_num_threads(1)  # the fixture restores the thread count
+    single, _ = run_step([1] * 4, lens, heads=9, kv_heads=3, use_kernel=True, seed=5)
+    assert torch.equal(batch, single)
+
+
+@needs_kernel
+def test_self_check_passes() -> None:
+    assert check_paged_decode_attention()
+
+
+def test_torch_path_is_used_with_the_kernel_off() -> None:
+    out, meta = run_step([1, 1], [5, 9], heads=4, kv_heads=2, use_kernel=False)
+    assert out.shape == (2, 4 * 64)
+    assert meta.decode_groups  # the SDPA groups were built because the kernel was not used

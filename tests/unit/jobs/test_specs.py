@@ -1,0 +1,194 @@
+"""The declarative parts of training and evaluation requests: dataset examples, loss specs, metrics, optimizers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.jobs.errors import InvalidJobInput, PayloadTooLarge
+from app.jobs.specs import (
+    build_loss,
+    dataset_file_id,
+    examples_from_jsonl,
+    loss_spec_of,
+    make_check,
+    parse_examples,
+    parse_optimizer,
+)
+from app.pipeline import Parameter
+from app.pipeline.optimization import (
+    CompositeLoss,
+    HumanFeedbackLoss,
+    HumanRubricLoss,
+    LLMJudge,
+    LLMPreferenceLoss,
+    LLMRubricLoss,
+    Optimizer,
+    QueueFeedbackSource,
+    SFAOptimizer,
+    VerifierLoss,
+)
+
+
+def starts_with_yes(output: Any) -> tuple[bool, str]:
+    """A verifier function importable by path (``tests.unit.jobs.test_specs:starts_with_yes``)."""
+    ok = str(output).lower().startswith("yes")
+    return ok, "" if ok else "Start with yes."
+
+
+def length_loss(limit: int = 10) -> VerifierLoss:
+    """A loss factory importable by path, built with options."""
+    return VerifierLoss(lambda output: len(str(output)) <= limit)
+
+
+@pytest.mark.parametrize(
+    ("check", "output", "target", "passed"),
+    [
+        ("exact", "Positive.", "positive", True),
+        ("exact", "  positive  ", "positive", True),
+        ("exact", "It is positive", "positive", False),
+        ("contains", "It is positive", "positive", True),
+        ("contains", "It is negative", "positive", False),
+        ("number", "The answer is 1,234.0 apples", "1234", True),
+        ("number", "about 12", "13", False),
+        ("number", "no digits", "1", False),
+        ("regex", "Order #A-17 shipped", r"#[A-Z]-\d+", True),
+        ("regex", "nothing here", r"\d", False),
+    ],
+)
+def test_checks(check: str, output: str, target: str, passed: bool) -> None:
+    ok, message = make_check(check)(output, target)
+    assert ok is passed
+    assert (message == "") is passed  # a failure always says what was expected
+
+
+def test_check_options() -> None:
+    assert make_check("exact", case_sensitive=True)("Positive", "positive")[0] is False
+    assert make_check("regex", pattern=r"^\d+$")("42", None)[0] is True
+    nested = {"verdict": {"label": "positive"}, "liked": "the screen"}
+    assert make_check("exact", field="verdict.label")(nested, "positive")[0] is True
+    with pytest.raises(ValueError, match=r"no field 'verdict\.score'"):
+        make_check("exact", field="verdict.score")(nested, "positive")
+    with pytest.raises(ValueError, match="needs a target"):
+        make_check("exact")("positive", None)
+    ok, message = make_check("exact")({"a": 1}, "x")  # structured outputs compare as JSON text
+    assert not ok and '{"a": 1}' in message
+
+
+async def test_verifier_spec_scores_a_batch() -> None:
+    loss = build_loss({"type": "verifier", "check": "exact"}).loss
+    feedback = await loss(["positive", "no idea"], ["positive", "negative"])
+    assert feedback.score == 0.5
+    assert "should be exactly 'negative'" in feedback.content
+
+
+def test_loss_types_build_the_framework_losses() -> None:
+    rubric = build_loss({"type": "rubric", "criteria": "clarity", "rubric": {"1": "unclear", "5": "clear"},
+                         "alias": "grader", "max_retries": 1})
+    assert isinstance(rubric.loss, LLMRubricLoss) and rubric.aliases == ["grader"]
+    assert [level.score for level in rubric.loss.rubric] == [1, 5]
+    listed = build_loss({"type": "rubric", "criteria": "c", "rubric": [[1, "bad"], [3, "ok", "fine"]]})
+    assert [level.label for level in listed.loss.rubric] == ["bad", "ok"]  # type: ignore[attr-defined]
+    judge = build_loss({"type": "judge"})
+    assert isinstance(judge.loss, LLMJudge) and judge.aliases == ["judge"]
+    preference = build_loss({"type": "preference", "criteria": "helpful"})
+    assert isinstance(preference.loss, LLMPreferenceLoss)
+    composite = build_loss({"type": "composite", "aggregator": "merger", "losses": [
+        {"loss": {"type": "verifier", "check": "contains"}, "weight": 0.3},
+        {"loss": {"type": "judge", "alias": "critic"}, "weight": 0.7},
+    ]})
+    assert isinstance(composite.loss, CompositeLoss) and composite.aliases == ["critic", "merger"]
+    assert [w for _, w in composite.loss.losses] == [0.3, 0.7]
+    function = build_loss({"type": "verifier", "function": f"{__name__}:starts_with_yes"})
+    assert isinstance(function.loss, VerifierLoss) and function.loss.verifier is starts_with_yes
+    python = build_loss({"type": "python", "path": f"{__name__}:length_loss", "options": {"limit": 3}})
+    assert isinstance(python.loss, VerifierLoss)
+
+
+def test_human_losses_need_a_source() -> None:
+    with pytest.raises(InvalidJobInput, match="only available to trainings"):
+        build_loss({"type": "human"})
+    freeform = build_loss({"type": "human"}, human=QueueFeedbackSource)
+    assert isinstance(freeform.loss, HumanFeedbackLoss) and freeform.human
+    rubric = build_loss({"type": "human", "kind": "rubric", "criteria": "tone", "rubric": {"1": "rude", "3": "kind"}},
+                        human=QueueFeedbackSource)
+    assert isinstance(rubric.loss, HumanRubricLoss)
+    nested = build_loss({"type": "composite", "losses": [{"loss": {"type": "human"}}]}, human=QueueFeedbackSource)
+    assert nested.human
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("exact", "must be an object"),
+        ({"type": "magic"}, "loss.type must be one of"),
+        ({"type": "verifier", "check": "fuzzy"}, "loss.check must be one of"),
+        ({"type": "verifier", "pattern": "("}, "not a valid regular expression"),
+        ({"type": "verifier", "function": "no_colon"}, "import path"),
+        ({"type": "verifier", "function": "json:nothing_here"}, "has no attribute"),
+        ({"type": "rubric", "criteria": "c"}, "rubric is required"),
+        ({"type": "rubric", "criteria": "c", "rubric": {"1": "only one"}}, "at least two levels"),
+        ({"type": "rubric", "rubric": {"1": "a", "2": "b"}}, "criteria must be a non-empty string"),
+        ({"type": "judge", "max_retries": -1}, "max_retries must be a non-negative integer"),
+        ({"type": "composite", "losses": []}, "losses must be a list"),
+        ({"type": "composite", "losses": [{"loss": {"type": "judge"}, "weight": "heavy"}]}, "weight must be a number"),
+        ({"type": "python", "path": "json:dumps"}, "cannot be built with the options"),
+        ({"type": "python", "path": "json:JSONDecoder"}, "must name a Loss"),
+    ],
+)
+def test_bad_loss_specs_say_what_is_wrong(spec: Any, problem: str) -> None:
+    with pytest.raises(InvalidJobInput, match=problem) as caught:
+        build_loss(spec)
+    assert caught.value.param == "loss"
+
+
+def test_loss_or_metric() -> None:
+    assert loss_spec_of(None, "exact") == {"type": "verifier", "check": "exact"}
+    assert loss_spec_of(None, "pkg.mod:fn") == {"type": "verifier", "function": "pkg.mod:fn"}
+    assert loss_spec_of({"type": "judge"}, None) == {"type": "judge"}
+    assert loss_spec_of("contains", None) == {"type": "verifier", "check": "contains"}  # a loss by name
+    assert loss_spec_of(None, {"type": "judge"}) == {"type": "judge"}  # a metric as a spec
+    for loss, metric in ((None, None), ({"type": "judge"}, "exact")):
+        with pytest.raises(InvalidJobInput, match="exactly one of"):
+            loss_spec_of(loss, metric)
+
+
+def test_examples() -> None:
+    examples = parse_examples(
+        [{"input": "a", "target": 1}, {"inputs": {"x": 1, "y": 2}}, ["b", "c"]], param="dataset", max_items=10
+    )
+    assert [(e.args, e.kwargs, e.target) for e in examples] == [
+        (("a",), {}, 1), ((), {"x": 1, "y": 2}, None), (("b",), {}, "c"),
+    ]
+    with pytest.raises(InvalidJobInput, match=r"dataset\[1\]"):
+        parse_examples([{"input": 1}, {"text": "no input"}], param="dataset", max_items=10)
+    with pytest.raises(PayloadTooLarge, match="at most 2"):
+        parse_examples([{"input": i} for i in range(3)], param="dataset", max_items=2)
+    with pytest.raises(InvalidJobInput, match="non-empty list"):
+        parse_examples({"input": 1}, param="dataset", max_items=2)
+    lines = '{"input": "a", "target": "b"}\n\n{"input": "c"}\n'
+    assert len(examples_from_jsonl(lines, source="f", param="dataset", max_items=5)) == 2
+    with pytest.raises(InvalidJobInput, match="line 2 is not valid JSON"):
+        examples_from_jsonl('{"input": 1}\n{oops\n', source="file x", param="dataset", max_items=5)
+    assert dataset_file_id("file-abc") == "file-abc" and dataset_file_id({"file_id": "file-x"}) == "file-x"
+    assert dataset_file_id([{"input": 1}]) is None
+
+
+def test_optimizer_settings() -> None:
+    assert parse_optimizer("basic").type == "basic"
+    default = parse_optimizer(None)
+    assert default.to_dict() == {"type": "sfa", "conservatism": 0.7, "max_retries": 3, "max_tokens": 512,
+                                 "reasoning_model": None}
+    param = Parameter("Answer.", description="instructions")
+    sfa = parse_optimizer({"conservatism": 0.2, "max_retries": 1}).build([param])
+    assert isinstance(sfa, SFAOptimizer) and sfa.conservatism == 0.2 and sfa.max_retries == 1
+    basic = parse_optimizer({"type": "basic", "reasoning_model": "thinker"})
+    built = basic.build([param])
+    assert type(built) is Optimizer and basic.aliases() == [
+        "optimizer/aggregator", "optimizer/updater", "optimizer/reasoning"]
+    for bad, problem in ((5, "must be an object"), ({"type": "adam"}, "optimizer.type"),
+                         ({"conservatism": 1.5}, "within \\[0, 1\\]"), ({"max_retries": 11}, "max_retries"),
+                         ({"max_tokens": 0}, "max_tokens"), ({"lr": 0.1}, "unknown field")):
+        with pytest.raises(InvalidJobInput, match=problem):
+            parse_optimizer(bad)

@@ -1,0 +1,85 @@
+"""Per-process state of a worker: built on first use in the process that runs tasks (after a prefork fork),
+never at import, so that database connections and event loops never cross a fork."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from redis import Redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.jobs.distributed import Endpoints, NodePolicy, NodeWorker
+from app.jobs.distributed.worker import build_node_worker, endpoints_of, node_policy
+from app.jobs.monitoring import BufferedRecorder
+from app.settings import get_settings
+from workers.dispatch import CeleryDispatcher
+from workers.engine_host import get_host
+
+log = logging.getLogger(__name__)
+
+_lock = threading.RLock()
+_worker: NodeWorker | None = None
+_sweeper: tuple[sessionmaker[Session], CeleryDispatcher, Endpoints, NodePolicy] | None = None
+
+
+def _reset_after_fork() -> None:
+    global _lock, _worker, _sweeper
+    _lock = threading.RLock()
+    _worker = None
+    _sweeper = None
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _celery() -> Any:
+    from workers.celery_app import app
+
+    return app
+
+
+def node_worker() -> NodeWorker:
+    """This process's node runtime (sessions, endpoints, dispatcher, the shared event loop, metrics)."""
+    global _worker
+    if _worker is None:
+        with _lock:
+            if _worker is None:
+                settings = get_settings()
+                recorder = BufferedRecorder(Redis.from_url(settings.redis_url or "", socket_timeout=5),
+                                            settings.redis_prefix)
+                _worker = build_node_worker(
+                    settings,
+                    CeleryDispatcher(_celery(), settings),
+                    get_host().submit,
+                    observe=_quietly(recorder.node_finished),
+                    on_wait=_quietly(recorder.rate_limit_wait),
+                )
+    return _worker
+
+
+def sweeper_parts() -> tuple[sessionmaker[Session], CeleryDispatcher, Endpoints, NodePolicy]:
+    """What the sweeper needs, once per process."""
+    global _sweeper
+    if _sweeper is None:
+        with _lock:
+            if _sweeper is None:
+                settings = get_settings()
+                worker = node_worker() if _worker is None else _worker
+                _sweeper = (worker.sessions, CeleryDispatcher(_celery(), settings), endpoints_of(settings),
+                            node_policy(settings))
+    return _sweeper
+
+
+def _quietly(record: Any) -> Any:
+    """Metrics must never fail a task: a Redis hiccup loses one observation and a log line."""
+
+    def call(*args: Any) -> None:
+        try:
+            record(*args)
+        except Exception as exc:
+            log.warning("could not record a platform metric: %s", exc)
+
+    return call
