@@ -136,7 +136,8 @@ async def test_concurrent_acquires_are_atomic(prefix: str) -> None:
     interval = 60 / rpm
     makespan = max(grants) - start
     assert makespan >= (callers - 1) * interval * 0.95  # no token handed out twice
-    assert makespan <= (callers - 1) * interval * 1.5 + 0.2
+    # liveness, not speed: waiters must not starve, but a loaded 2-core CI box wakes them late
+    assert makespan <= (callers - 1) * interval * 3 + 1.0
     # no burst beyond the rate: any 0.5 s holds at most its tokens, plus 0.1 s of wake-up jitter on a loaded box
     assert _max_in_window(grants, 0.5) <= (0.5 + 0.1) / interval + 1
 
