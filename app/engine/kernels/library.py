@@ -42,8 +42,9 @@ _SIGNATURES: dict[str, list[type]] = {
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
 }
 # A step of at most this many tokens runs its products in small_matmul too (see matmul.MAX_ROWS), so every
-# kernel of it uses the kernels' own thread pool; larger steps interleave with MKL and share OpenMP's threads.
-POOL_MAX_TOKENS = 24
+# kernel of it uses the kernels' own thread pool; larger steps run their products on oneDNN (or MKL) and every
+# kernel of theirs on OpenMP's threads, so that two spinning thread pools never fight over the cores.
+POOL_MAX_TOKENS = 2
 
 
 def use_pool(tokens: int) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any, cast
+
 import torch
 
 from app.engine.kernels import library
 
-# Up to this many rows the kernel beats MKL on a 2-core AVX2 machine (even at 32; beyond, MKL's GEMM wins).
-MAX_ROWS = library.POOL_MAX_TOKENS
+# Up to this many rows the kernel beats MKL (even at 32 rows) and oneDNN (only at 1-2 rows: see onednn_linear).
+MAX_ROWS = 24
 
 
 def small_matmul(
@@ -58,6 +61,91 @@ def small_matmul(
         library.use_pool(rows),
     )
     return out
+
+
+def _find_onednn_linear() -> Any:
+    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if op is None or not torch.backends.mkldnn.is_available():
+        return None
+    try:  # a build whose oneDNN cannot run it (no AVX, say) fails here, once, not in a step
+        x, w = torch.ones(3, 8), torch.ones(5, 8)
+        if not torch.equal(op(x, w, None, "none", [], ""), torch.full((3, 5), 8.0)):
+            return None
+    except RuntimeError:
+        return None
+    return op
+
+
+_ONEDNN_LINEAR = _find_onednn_linear()
+_onednn_enabled = True
+
+
+def enable_onednn(on: bool = True) -> None:
+    """Use oneDNN for the larger CPU products (the default) or PyTorch's MKL ``F.linear``."""
+    global _onednn_enabled
+    _onednn_enabled = on
+
+
+# Products of at least this many rows go to oneDNN: from 3 rows on its blocked GEMM beats the C kernel
+# (measured on 2 AVX-512 cores: 1.3x at 4 rows, 2x at 8-24 rows), which stays the faster one for 1-2 rows.
+ONEDNN_MIN_ROWS = 3
+# oneDNN picks its packed layout for a typical row count; the packed weight serves any row count.
+_PACK_ROWS_HINT = 64
+_pack_lock = threading.Lock()
+
+
+def onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """``x @ weight.T + bias`` by oneDNN's matmul on a weight packed once, or None when it does not apply
+    (then use ``F.linear``).
+
+    For the batched products of prefill and of many decoding sequences (float32 on CPU), oneDNN with a
+    pre-packed weight runs 1.2-1.4x faster than MKL's ``sgemm`` behind ``F.linear`` on a small model's layer
+    shapes and up to 2.5x on its 49k-wide LM head at 16-128 rows (vLLM's CPU backend does the same). The packed
+    copy is made on first use and kept on the weight; changing the weight in place (its version) repacks it.
+    """
+    op = _ONEDNN_LINEAR
+    if (
+        op is None
+        or not _onednn_enabled
+        or x.dim() != 2
+        or x.shape[0] < ONEDNN_MIN_ROWS
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or weight.dim() != 2
+        or x.device.type != "cpu"
+        or weight.device.type != "cpu"
+        or x.requires_grad
+        or weight.requires_grad
+        or x.shape[1] != weight.shape[1]
+    ):
+        return None
+    if bias is not None and (bias.dtype != torch.float32 or bias.requires_grad):
+        return None
+    packed = _packed(weight)
+    if packed is None:
+        return None
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    return cast(torch.Tensor, op(x, packed, bias, "none", [], ""))
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    cached = getattr(weight, "_inf_onednn_packed", None)
+    if cached is not None and cached[0] == weight._version:
+        return cast(torch.Tensor, cached[1])
+    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if reorder is None:
+        return None
+    with _pack_lock:
+        cached = getattr(weight, "_inf_onednn_packed", None)
+        if cached is not None and cached[0] == weight._version:
+            return cast(torch.Tensor, cached[1])
+        with torch.inference_mode(False), torch.no_grad():
+            packed = reorder(weight.detach().contiguous(), _PACK_ROWS_HINT)
+        weight._inf_onednn_packed = (weight._version, packed)  # type: ignore[attr-defined]
+        return cast(torch.Tensor, packed)
 
 
 def check_small_matmul() -> bool:

@@ -8,6 +8,7 @@ from torch import nn
 
 from app.engine import kernels
 from app.engine.kernels import small_matmul
+from app.engine.kernels.matmul import onednn_linear
 
 
 def placeholder(*shape: int) -> nn.Parameter:
@@ -31,8 +32,11 @@ class Linear(nn.Module):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``, by the multi-threaded C kernel for the few-row products of decoding on CPU."""
-    out = small_matmul(x, weight, bias)
+    """``F.linear``: on CPU, by the multi-threaded C kernel for the few-row products of decoding and by oneDNN
+    for the larger ones."""
+    out = onednn_linear(x, weight, bias)  # None for 1-2 rows, where the C kernel is faster
+    if out is None:
+        out = small_matmul(x, weight, bias)
     return F.linear(x, weight, bias) if out is None else out
 
 
