@@ -111,8 +111,9 @@ def worker_command(
         f"--pool={pool}",
         f"--loglevel={loglevel or settings.log_level}",
         f"--hostname={name or settings.worker_name or f'{role}.{os.getpid()}@%h'}",
-        "--task-events",
     ]
+    if settings.celery_task_events:
+        argv.append("--task-events")
     if concurrency is not None:
         argv.append(f"--concurrency={concurrency}")
     from workers.celery_app import app as celery

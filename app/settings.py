@@ -113,6 +113,11 @@ class Settings(BaseSettings):
     celery_visibility_timeout: float = Field(
         default=7200.0, gt=0, description="Seconds before Redis re-delivers an unacknowledged task (> the time limit)"
     )
+    celery_task_events: bool = Field(
+        default=True,
+        description="Workers send task events (what Flower shows); false saves a Redis publish per task state, "
+        "and Flower then sees tasks only after its next enable_events broadcast",
+    )
     worker_name: str | None = Field(
         default=None, min_length=1, description="Celery node name of `inf-engine worker` (default <role>.<pid>@<host>)"
     )

@@ -79,9 +79,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
-        # Flower sees workers and tasks through events.
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Flower sees tasks through the workers' events (settings.celery_task_events, on by default). No "sent"
+        # events: workers send most node tasks, and one more publish per send costs them throughput (Flower
+        # shows a task from "received" on); deploy/README.md.
+        "worker_send_task_events": settings.celery_task_events,
+        "task_send_sent_event": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "broker_connection_retry_on_startup": True,
         "enable_utc": True,

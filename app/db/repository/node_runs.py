@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, Connection, String, Table, bindparam, case, func, select, text, update
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import Connection, Table, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from app.db.models import (
@@ -423,62 +424,61 @@ def add_metrics(
     )
 
 
-# -- PostgreSQL, autocommit: a claim and a store in one round trip each ---------------------------------------
-# Each is one statement, so it is its own transaction: no BEGIN and COMMIT round trips around it. Data-modifying
-# CTEs run exactly once whether or not the final SELECT reads them.
+# -- PostgreSQL, autocommit, on a raw psycopg connection (app.db.direct): a claim and a store in one round trip
+# each. Each is one statement, so it is its own transaction: no BEGIN and COMMIT round trips around it.
+# Data-modifying CTEs run exactly once whether or not the final SELECT reads them. The statements are prepared
+# on each connection (psycopg prepares a statement run more than a few times).
 
-_CLAIM_ONE = text(
-    """
+_CLAIM_ONE = """
     WITH claimed AS (
         UPDATE node_tasks AS nt
-        SET status = 'running', attempts = nt.attempts + 1, claimed_by = :token, deadline = :deadline,
-            started_at = :now, updated_at = :now
+        SET status = 'running', attempts = nt.attempts + 1, claimed_by = %(token)s, deadline = %(deadline)s,
+            started_at = %(now)s, updated_at = %(now)s
         FROM jobs AS j, items AS i
-        WHERE nt.item_id = :item AND nt.node_id = :node AND nt.status = 'queued' AND nt.attempts < :cap
+        WHERE nt.item_id = %(item)s AND nt.node_id = %(node)s AND nt.status = 'queued' AND nt.attempts < %(cap)s
           AND j.id = nt.job_id AND j.status IN ('queued', 'running')
           AND i.id = nt.item_id AND i.status IN ('pending', 'running')
         RETURNING nt.attempts, i.status AS item_status, i.input, i.custom_id, j.pipeline_name, j.pipeline_id
     ), started AS (
-        UPDATE items SET status = 'running', started_at = COALESCE(started_at, :now)
-        WHERE id = :item AND status = 'pending' AND EXISTS (SELECT 1 FROM claimed)
+        UPDATE items SET status = 'running', started_at = COALESCE(started_at, %(now)s)
+        WHERE id = %(item)s AND status = 'pending' AND EXISTS (SELECT 1 FROM claimed)
     )
     SELECT c.attempts, c.item_status, c.input, c.custom_id, c.pipeline_name, c.pipeline_id,
            (SELECT COALESCE(jsonb_object_agg(r.node_id, r.value), CAST('{}' AS jsonb))
-            FROM node_results AS r WHERE r.item_id = :item) AS stored
+            FROM node_results AS r WHERE r.item_id = %(item)s) AS stored
     FROM claimed AS c
-    """
-)
+"""
 
-_STORE_ONE = text(
-    """
+_STORE_ONE = """
     WITH ins AS (
         INSERT INTO node_results (job_id, item_id, node_id, value, duration_ms, attempt, created_at)
-        VALUES (:job, :item, :node, :value, :duration, :attempt, :now)
+        VALUES (%(job)s, %(item)s, %(node)s, %(value)s, %(duration)s, %(attempt)s, %(now)s)
         ON CONFLICT (job_id, item_id, node_id) DO NOTHING
         RETURNING id
     ), done AS (
-        UPDATE node_tasks SET status = 'done', deadline = NULL, finished_at = :now, updated_at = :now
-        WHERE item_id = :item AND node_id = :node
+        UPDATE node_tasks SET status = 'done', deadline = NULL, finished_at = %(now)s, updated_at = %(now)s
+        WHERE item_id = %(item)s AND node_id = %(node)s
     ), rel AS (
         UPDATE node_tasks
         SET waiting = waiting - 1,
             status = CASE WHEN waiting - 1 <= 0 THEN 'queued' ELSE status END,
-            deadline = CASE WHEN waiting - 1 <= 0 THEN :deadline ELSE deadline END,
-            updated_at = :now
-        WHERE item_id = :item AND node_id = ANY(:deps) AND status = 'waiting'
+            deadline = CASE WHEN waiting - 1 <= 0 THEN %(deadline)s ELSE deadline END,
+            updated_at = %(now)s
+        WHERE item_id = %(item)s AND node_id = ANY(CAST(%(deps)s AS varchar[])) AND status = 'waiting'
           AND EXISTS (SELECT 1 FROM ins)
-          AND EXISTS (SELECT 1 FROM jobs WHERE id = :job AND status IN ('queued', 'running'))
+          AND EXISTS (SELECT 1 FROM jobs WHERE id = %(job)s AND status IN ('queued', 'running'))
         RETURNING job_id, item_id, node_id, attempts, queue, priority, status
     )
     SELECT (SELECT count(*) FROM ins), rel.job_id, rel.item_id, rel.node_id, rel.attempts, rel.queue,
-           rel.priority, rel.status, (SELECT status FROM jobs WHERE id = :job)
+           rel.priority, rel.status, (SELECT status FROM jobs WHERE id = %(job)s)
     FROM (SELECT 1) AS one LEFT JOIN rel ON true
-    """
-).bindparams(bindparam("value", type_=JSONB), bindparam("deps", type_=ARRAY(String)))
+"""
+
+_ITEM_VALUES = "SELECT node_id, value FROM node_results WHERE item_id = %(item)s"
 
 
 def claim_one(
-    session: Session,
+    conn: psycopg.Connection,
     *,
     item_id: int,
     node_id: str,
@@ -487,32 +487,24 @@ def claim_one(
     deadline: datetime,
     now: datetime,
 ) -> tuple[QuickClaim, dict[str, Any]] | None:
-    """On an autocommit session (PostgreSQL): claim a queued node of an open job and item below the attempts
-    cap, mark its item running, and read the item's stored values, in one statement. None when the claim does
-    not hold (the caller then decides on the locked row)."""
-    row = (
-        _conn(session)
-        .execute(
-            _CLAIM_ONE,
-            {
-                "item": item_id,
-                "node": node_id,
-                "token": token,
-                "cap": max_attempts,
-                "deadline": deadline,
-                "now": now,
-            },
-        )
-        .first()
-    )
+    """Claim a queued node of an open job and item below the attempts cap, mark its item running, and read the
+    item's stored values, in one statement. None when the claim does not hold (the caller then decides on the
+    locked row)."""
+    params = {"item": item_id, "node": node_id, "token": token, "cap": max_attempts, "deadline": deadline, "now": now}
+    row = conn.execute(_CLAIM_ONE, params, prepare=True).fetchone()
     if row is None:
         return None
     claim = QuickClaim(int(row[0]), row[1], row[2], row[3], row[4], int(row[5]))
     return claim, dict(row[6] or {})
 
 
+def item_values_direct(conn: psycopg.Connection, *, item_id: int) -> dict[str, Any]:
+    """``{node_id: encoded value}`` of the item's stored nodes."""
+    return {node_id: value for node_id, value in conn.execute(_ITEM_VALUES, {"item": item_id}, prepare=True)}
+
+
 def store_one(
-    session: Session,
+    conn: psycopg.Connection,
     *,
     job_id: str,
     item_id: int,
@@ -524,21 +516,21 @@ def store_one(
     deadline: datetime,
     now: datetime,
 ) -> tuple[bool, list[NodeTaskRef], str | None]:
-    """On an autocommit session (PostgreSQL): store the result (``ON CONFLICT DO NOTHING``), mark the node done
-    and, if this delivery stored it and the job is open, count down its dependents, in one statement. Returns
-    (stored by this call, the dependents that became queued, the job's status)."""
+    """Store the result (``ON CONFLICT DO NOTHING``), mark the node done and, if this delivery stored it and the
+    job is open, count down its dependents, in one statement. Returns (stored by this call, the dependents that
+    became queued, the job's status)."""
     params = {
         "job": job_id,
         "item": item_id,
         "node": node_id,
-        "value": value,
+        "value": Jsonb(value),
         "duration": duration_ms,
         "attempt": attempt,
         "deps": list(dependents),
         "deadline": deadline,
         "now": now,
     }
-    rows = _conn(session).execute(_STORE_ONE, params).all()
+    rows = conn.execute(_STORE_ONE, params, prepare=True).fetchall()
     inserted = bool(rows and rows[0][0])
     ready = [
         NodeTaskRef(r[1], int(r[2]), r[3], int(r[4]), r[5], int(r[6]))
@@ -548,47 +540,41 @@ def store_one(
     return inserted, ready, rows[0][8] if rows else None
 
 
-_STORE_LAST = text(
-    """
+_STORE_LAST = """
     WITH ins AS (
         INSERT INTO node_results (job_id, item_id, node_id, value, duration_ms, attempt, created_at)
-        VALUES (:job, :item, :node, :value, :duration, :attempt, :now)
+        VALUES (%(job)s, %(item)s, %(node)s, %(value)s, %(duration)s, %(attempt)s, %(now)s)
         ON CONFLICT (job_id, item_id, node_id) DO NOTHING
         RETURNING id
     ), done AS (
-        UPDATE node_tasks SET status = 'done', deadline = NULL, finished_at = :now, updated_at = :now
-        WHERE item_id = :item AND node_id = :node
+        UPDATE node_tasks SET status = 'done', deadline = NULL, finished_at = %(now)s, updated_at = %(now)s
+        WHERE item_id = %(item)s AND node_id = %(node)s
     ), open_item AS (
         SELECT id FROM items
-        WHERE id = :item AND status IN ('pending', 'running') AND EXISTS (SELECT 1 FROM ins)
+        WHERE id = %(item)s AND status IN ('pending', 'running') AND EXISTS (SELECT 1 FROM ins)
         FOR UPDATE
     ), progress AS (
         UPDATE jobs
-        SET results_seq = results_seq + 1, completed_items = completed_items + :completed,
-            failed_items = failed_items + :failed, updated_at = :now
-        WHERE id = :job AND EXISTS (SELECT 1 FROM open_item)
+        SET results_seq = results_seq + 1, completed_items = completed_items + %(completed)s,
+            failed_items = failed_items + %(failed)s, updated_at = %(now)s
+        WHERE id = %(job)s AND EXISTS (SELECT 1 FROM open_item)
         RETURNING results_seq, completed_items, failed_items, cancelled_items, total_items
     ), finished AS (
         UPDATE items
-        SET status = :status, output = :output, error = :error, finished_at = :now,
+        SET status = %(status)s, output = %(output)s, error = %(error)s, finished_at = %(now)s,
             result_seq = (SELECT results_seq FROM progress)
-        WHERE id = :item AND EXISTS (SELECT 1 FROM progress)
+        WHERE id = %(item)s AND EXISTS (SELECT 1 FROM progress)
     ), metrics AS (
         UPDATE job_metrics
-        SET llm_calls = llm_calls + :calls, input_tokens = input_tokens + :tokens_in,
-            output_tokens = output_tokens + :tokens_out, cost = cost + :cost,
-            latency_ms_total = latency_ms_total + :latency,
-            latency_ms_max = GREATEST(latency_ms_max, :latency_max), updated_at = :now
-        WHERE job_id = :job AND :calls > 0 AND EXISTS (SELECT 1 FROM progress)
+        SET llm_calls = llm_calls + %(calls)s, input_tokens = input_tokens + %(tokens_in)s,
+            output_tokens = output_tokens + %(tokens_out)s, cost = cost + %(cost)s,
+            latency_ms_total = latency_ms_total + %(latency)s,
+            latency_ms_max = GREATEST(latency_ms_max, %(latency_max)s), updated_at = %(now)s
+        WHERE job_id = %(job)s AND %(calls)s > 0 AND EXISTS (SELECT 1 FROM progress)
     )
     SELECT (SELECT count(*) FROM ins), p.completed_items, p.failed_items, p.cancelled_items, p.total_items
     FROM (SELECT 1) AS one LEFT JOIN progress AS p ON true
-    """
-).bindparams(
-    bindparam("value", type_=JSONB),
-    bindparam("output", type_=JSONB),
-    bindparam("error", type_=JSONB),
-)
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -604,7 +590,7 @@ class ItemMetrics:
 
 
 def store_last(
-    session: Session,
+    conn: psycopg.Connection,
     *,
     job_id: str,
     item_id: int,
@@ -618,37 +604,35 @@ def store_last(
     metrics: ItemMetrics,
     now: datetime,
 ) -> tuple[bool, JobProgress | None]:
-    """On an autocommit session (PostgreSQL), for the node every other node of its item leads to: store its
-    result and, if this delivery stored it and the item is still open, the item's outcome, its place in the
-    job's completion order, the job's counters and metrics, in one statement. Returns (stored by this call,
+    """For the node every other node of its item leads to: store its result and, if this delivery stored it and
+    the item is still open, the item's outcome, its place in the job's completion order, the job's counters and
+    metrics, in one statement. Returns (stored by this call,
     the job's counts after it, when the item finished here)."""
-    row = (
-        _conn(session)
-        .execute(
-            _STORE_LAST,
-            {
-                "job": job_id,
-                "item": item_id,
-                "node": node_id,
-                "value": value,
-                "duration": duration_ms,
-                "attempt": attempt,
-                "now": now,
-                "completed": int(status == ItemStatus.COMPLETED),
-                "failed": int(status == ItemStatus.FAILED),
-                "status": status.value,
-                "output": output,
-                "error": error,
-                "calls": metrics.calls,
-                "tokens_in": metrics.input_tokens,
-                "tokens_out": metrics.output_tokens,
-                "cost": metrics.cost,
-                "latency": metrics.latency_ms_total,
-                "latency_max": metrics.latency_ms_max,
-            },
-        )
-        .one()
-    )
+    row = conn.execute(
+        _STORE_LAST,
+        {
+            "job": job_id,
+            "item": item_id,
+            "node": node_id,
+            "value": Jsonb(value),
+            "duration": duration_ms,
+            "attempt": attempt,
+            "now": now,
+            "completed": int(status == ItemStatus.COMPLETED),
+            "failed": int(status == ItemStatus.FAILED),
+            "status": status.value,
+            "output": Jsonb(output),
+            "error": Jsonb(error),
+            "calls": metrics.calls,
+            "tokens_in": metrics.input_tokens,
+            "tokens_out": metrics.output_tokens,
+            "cost": metrics.cost,
+            "latency": metrics.latency_ms_total,
+            "latency_max": metrics.latency_ms_max,
+        },
+        prepare=True,
+    ).fetchone()
+    assert row is not None  # the statement always returns one row
     if row[1] is None:
         return bool(row[0]), None
     return bool(row[0]), JobProgress(int(row[1]), int(row[2]), int(row[3]), int(row[4]))

@@ -22,6 +22,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -29,10 +30,12 @@ from enum import StrEnum
 from functools import partial
 from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import ITEM_OPEN, ItemStatus, JobStatus, repository, session_scope, utcnow
+from app.db.direct import DirectPool
 from app.db.models import NodeTaskStatus
 from app.db.repository import node_runs as runs_repo
 from app.db.repository import node_tasks as tasks_repo
@@ -45,7 +48,7 @@ from app.jobs.nodes import ItemGraph, execute_node, item_outcome
 from app.jobs.writer import CostFn, endpoint_cost
 from app.pipeline.execution.node_runner import is_inline, resolve_args
 from app.pipeline.execution.state import TaskResult
-from app.pipeline.graph import OpNode
+from app.pipeline.graph import InferenceGraph, OpNode
 from app.pipeline.resources.errors import RateLimitError, TransientError
 from app.pipeline.values import Value, first_error_value
 
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 OPEN_JOB = (JobStatus.QUEUED, JobStatus.RUNNING)
 MAX_RETRY_DELAY_S = 60.0
+GRAPH_CACHE_ITEMS = 2048  # traced graphs of recent items kept per worker process
 
 
 class Outcome(StrEnum):
@@ -111,18 +115,44 @@ class NodeWorker:
     submit: Callable[[Coroutine[Any, Any, Any]], concurrent.futures.Future[Any]]
     policy: NodePolicy = field(default_factory=NodePolicy)
     observe: Callable[[str, float], None] | None = None
-    # autocommit sessions on PostgreSQL: the common claim and store are then one statement (one round trip) each
-    fast_sessions: sessionmaker[Session] | None = None
+    # raw autocommit connections on PostgreSQL: the common claim and store are then one statement each
+    direct: DirectPool | None = None
     _modules: dict[str, Any] = field(default_factory=dict)
     _modules_lock: threading.Lock = field(default_factory=threading.Lock)
+    _graphs: OrderedDict[tuple[str, int], InferenceGraph] = field(default_factory=OrderedDict)
+    _graphs_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def module_for(self, job_id: str, pipeline_name: str, pipeline_id: int, session: Session) -> Any:
+    def graph_for(self, job_id: str, item_id: int, module: Any, item_input: Any) -> InferenceGraph:
+        """The item's traced graph. Its nodes usually run one after another in the same worker, so the recent
+        items' graphs are kept (tracing costs about as much as a database round trip)."""
+        key = (job_id, item_id)
+        with self._graphs_lock:
+            graph = self._graphs.get(key)
+            if graph is not None:
+                self._graphs.move_to_end(key)
+                return graph
+        args, kwargs = decode_item_input(item_input)
+        graph = trace_item(module, args, kwargs)
+        with self._graphs_lock:
+            self._graphs[key] = graph
+            if len(self._graphs) > GRAPH_CACHE_ITEMS:
+                self._graphs.popitem(last=False)
+        return graph
+
+    def module_for(
+        self, job_id: str, pipeline_name: str, pipeline_id: int, session: Session | None = None
+    ) -> Any:
         """The job's pipeline, loaded once per process and job (with the parameters registered at that time)."""
         with self._modules_lock:
             module = self._modules.get(job_id)
             if module is None:
-                pipeline = repository.get_pipeline(session, pipeline_id=pipeline_id)
-                state = dict(pipeline.parameter_state or {}) if pipeline is not None else {}
+                if session is None:
+                    with session_scope(self.sessions) as own:
+                        pipeline = repository.get_pipeline(own, pipeline_id=pipeline_id)
+                        state = dict(pipeline.parameter_state or {}) if pipeline is not None else {}
+                else:
+                    pipeline = repository.get_pipeline(session, pipeline_id=pipeline_id)
+                    state = dict(pipeline.parameter_state or {}) if pipeline is not None else {}
                 module = load_module(pipeline_name, state)
                 if len(self._modules) >= 64:  # a long-lived worker sees many jobs: keep the recent ones
                     self._modules.pop(next(iter(self._modules)))
@@ -162,7 +192,7 @@ def run_node(worker: NodeWorker, call: NodeCall) -> Outcome:
 
 # -- 1. claim -------------------------------------------------------------------------------------------------
 def _claim(worker: NodeWorker, call: NodeCall) -> _Claim:
-    if worker.fast_sessions is not None:
+    if worker.direct is not None:
         claim = _claim_fast(worker, call)
         if claim is not None:
             return claim
@@ -226,11 +256,11 @@ def _claim(worker: NodeWorker, call: NodeCall) -> _Claim:
 
 def _claim_fast(worker: NodeWorker, call: NodeCall) -> _Claim | None:
     """The common claim (a queued node of an open job) in one autocommit statement; None otherwise."""
-    assert worker.fast_sessions is not None
+    assert worker.direct is not None
     now = utcnow()
-    with session_scope(worker.fast_sessions) as session:
+    with worker.direct.connection() as conn:
         claimed = runs_repo.claim_one(
-            session,
+            conn,
             item_id=call.item_id,
             node_id=call.node_id,
             token=call.token,
@@ -240,10 +270,9 @@ def _claim_fast(worker: NodeWorker, call: NodeCall) -> _Claim | None:
         )
         if claimed is None:
             return None
-        row, stored = claimed
-        module = worker.module_for(call.job_id, row.pipeline_name, row.pipeline_id, session)
-    args, kwargs = decode_item_input(row.item_input)
-    graph = trace_item(module, args, kwargs)
+    row, stored = claimed
+    module = worker.module_for(call.job_id, row.pipeline_name, row.pipeline_id)
+    graph = worker.graph_for(call.job_id, call.item_id, module, row.item_input)
     if call.node_id not in graph.nodes:
         _in_transaction(worker, partial(_fail, call, _pipeline_changed(call.node_id)))
         return _Claim(Outcome.FAILED)
@@ -271,8 +300,7 @@ def _claimed(
     if row.item_status == ItemStatus.PENDING:
         runs_repo.mark_item_running(session, item_id=call.item_id, now=now)
     module = worker.module_for(call.job_id, row.pipeline_name, row.pipeline_id, session)
-    args, kwargs = decode_item_input(row.item_input)
-    graph = trace_item(module, args, kwargs)
+    graph = worker.graph_for(call.job_id, call.item_id, module, row.item_input)
     node = graph.nodes.get(call.node_id)
     if node is None:
         _fail(call, _pipeline_changed(call.node_id), session)
@@ -382,10 +410,10 @@ def _fail(call: NodeCall, error: dict[str, Any], session: Session) -> None:
 def _store(worker: NodeWorker, item: ItemGraph, result: TaskResult) -> list[NodeTaskRef]:
     """Store the result, count down the dependents, run ready inline ops, finish the item when it is done.
     Returns the nodes to send (none when the job stopped meanwhile: releasing checks that it is open)."""
-    if worker.fast_sessions is not None and _leads_everything(item, result.node_id):
+    if worker.direct is not None and _leads_everything(item, result.node_id):
         # the node every other node leads to: its result and the item's outcome in one statement
         return _in_transaction(worker, partial(_store_last, worker, item, result), True)
-    if worker.fast_sessions is None or not item.graph.dependents().get(result.node_id):
+    if worker.direct is None or not item.graph.dependents().get(result.node_id):
         # an item's last node is one without dependents: its result and the item's outcome commit together
         return _in_transaction(worker, partial(_store_in, worker, item, result, True))
     # PostgreSQL: each node's store is one autocommit statement; the item's completion is one transaction
@@ -418,14 +446,14 @@ def _leads_everything(item: ItemGraph, node_id: str) -> bool:
 
 
 def _store_last(
-    worker: NodeWorker, item: ItemGraph, result: TaskResult, session: Session
+    worker: NodeWorker, item: ItemGraph, result: TaskResult, conn: psycopg.Connection
 ) -> list[NodeTaskRef]:
     item.values[result.node_id] = result.value
     outcome = item_outcome(item)
     assert outcome is not None  # _leads_everything checked that every output is known
     now = utcnow()
     inserted, progress = runs_repo.store_last(
-        session,
+        conn,
         job_id=item.job_id,
         item_id=item.item_id,
         node_id=result.node_id,
@@ -456,7 +484,8 @@ def _store_in(
     return to_send
 
 
-StoreOne = Callable[[Session, ItemGraph, TaskResult, list[str], Any, Any], tuple[bool, list[NodeTaskRef]]]
+# (a session, or a raw connection for _store_one), the item, a result, its dependents, their deadline, now
+StoreOne = Callable[[Any, ItemGraph, TaskResult, list[str], Any, Any], tuple[bool, list[NodeTaskRef]]]
 
 
 def _store_two(
@@ -482,7 +511,7 @@ def _store_two(
 
 def _store_one(
     seen: dict[str, str | None],
-    session: Session,
+    conn: psycopg.Connection,
     item: ItemGraph,
     current: TaskResult,
     waiting: list[str],
@@ -490,7 +519,7 @@ def _store_one(
     now: Any,
 ) -> tuple[bool, list[NodeTaskRef]]:
     inserted, ready, seen["job"] = runs_repo.store_one(
-        session,
+        conn,
         job_id=item.job_id,
         item_id=item.item_id,
         node_id=current.node_id,
@@ -505,7 +534,7 @@ def _store_one(
 
 
 def _store_chain(
-    worker: NodeWorker, item: ItemGraph, result: TaskResult, store: StoreOne, session: Session
+    worker: NodeWorker, item: ItemGraph, result: TaskResult, store: StoreOne, db: Session | psycopg.Connection
 ) -> tuple[bool, list[NodeTaskRef]]:
     """Store ``result`` and the inline ops it makes ready; (an item's sink was stored, the nodes to send)."""
     now = utcnow()
@@ -518,7 +547,7 @@ def _store_chain(
     while pending:
         current = pending.pop()
         waiting = sorted(set(dependents.get(current.node_id, [])))
-        inserted, ready = store(session, item, current, waiting, deadline, now)
+        inserted, ready = store(db, item, current, waiting, deadline, now)
         if not inserted:
             if first:
                 return False, []  # another delivery stored it first, and released its dependents then
@@ -531,7 +560,10 @@ def _store_chain(
         inline = [r for r in ready if is_inline(item.graph.nodes[r.node_id])]
         if inline:
             # their other inputs may have been stored by other workers: read them now
-            stored = runs_repo.item_values(session, item_id=item.item_id)
+            if isinstance(db, Session):
+                stored = runs_repo.item_values(db, item_id=item.item_id)
+            else:
+                stored = runs_repo.item_values_direct(db, item_id=item.item_id)
             item.values.update(
                 {
                     n: decode_value(v)
@@ -573,16 +605,19 @@ def _run_inline(item: ItemGraph, node_id: str) -> TaskResult:
 
 
 # -- transactions and sending ---------------------------------------------------------------------------------
-def _in_transaction(worker: NodeWorker, work: Callable[[Session], T], fast: bool = False) -> T:
-    """Run ``work`` in one transaction (``fast``: on an autocommit session, each statement its own), retrying
+def _in_transaction(worker: NodeWorker, work: Callable[[Any], T], fast: bool = False) -> T:
+    """Run ``work`` in one transaction (``fast``: on a raw autocommit connection, each statement its own, when
+    the worker has them), retrying
     while the database is unreachable (a restart, a failover): the node's result is kept in memory meanwhile
     instead of calling the endpoint again."""
     deadline = time.monotonic() + worker.policy.db_retry_s
     delay = 0.2
-    sessions = worker.fast_sessions if fast and worker.fast_sessions is not None else worker.sessions
     while True:
         try:
-            with session_scope(sessions) as session:
+            if fast and worker.direct is not None:
+                with worker.direct.connection() as conn:
+                    return work(conn)
+            with session_scope(worker.sessions) as session:
                 return work(session)
         except DBAPIError as exc:
             unreachable = exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)

@@ -11,6 +11,7 @@ from typing import Any
 from redis.asyncio import Redis as AsyncRedis
 
 from app.db import create_db_engine, database_url, make_session_factory
+from app.db.direct import DirectPool
 from app.jobs.distributed.limited import GloballyLimitedResources, WaitHook
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy, NodeWorker
@@ -96,13 +97,12 @@ def build_node_worker(
         # commits, which the leases, attempts and sweeper already handle as a worker that died mid-node.
         options["connect_args"] = {"options": "-c synchronous_commit=off"}
     engine = create_db_engine(url, **options)
-    fast = None
-    if url.startswith("postgresql"):  # the one-statement claim and store run on autocommit connections
-        fast_options = {**options, "pool_size": 8, "max_overflow": 16}
-        fast = make_session_factory(create_db_engine(url, isolation_level="AUTOCOMMIT", **fast_options))
+    direct = None
+    if url.startswith("postgresql"):  # the one-statement claim and store run on raw autocommit connections
+        direct = DirectPool(url, size=24, options="-c synchronous_commit=off")
     return NodeWorker(
         sessions=make_session_factory(engine),
-        fast_sessions=fast,
+        direct=direct,
         dispatcher=dispatcher,
         resources_for=WorkerResources(settings, on_wait),
         submit=submit,

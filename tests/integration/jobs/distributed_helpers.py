@@ -13,6 +13,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import make_session_factory, session_scope
+from app.db.direct import DirectPool
 from app.db.models import NodeTask
 from app.jobs.distributed import Endpoints, NodeCall, NodeMessage, NodePolicy, NodeWorker, Outcome, run_node
 from app.jobs.submission import JobRequest, submit_job
@@ -74,7 +75,7 @@ def make_worker(
         resources_for=lambda aliases: resources,
         submit=host.submit,
         policy=policy or NodePolicy(lease_s=30.0, stale_s=5.0, retry_delay_s=0.0),
-        fast_sessions=make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT")) if fast else None,
+        direct=DirectPool(engine.url.render_as_string(hide_password=False)) if fast else None,
     )
 
 

@@ -40,7 +40,13 @@ def test_keys_and_queues_follow_the_prefixes() -> None:
     assert conf.task_default_queue == "q1.cpu"
     assert conf.broker_url == "redis://127.0.0.1:6379/0"
     assert conf.task_ignore_result is True
-    assert conf.worker_send_task_events and conf.task_send_sent_event
+    assert conf.worker_send_task_events  # what Flower shows
+    assert not conf.task_send_sent_event  # a publish per send, on the workers' hot path
+
+
+def test_task_events_can_be_switched_off() -> None:
+    conf = create_celery_app(_settings(celery_task_events=False)).conf
+    assert not conf.worker_send_task_events
 
 
 def test_visibility_timeout_must_exceed_the_task_time_limit() -> None:
