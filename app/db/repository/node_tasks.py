@@ -52,10 +52,13 @@ def add_node_tasks(session: Session, *, rows: Sequence[dict[str, Any]]) -> list[
         return []
     now = utcnow()
     payload = [{"attempts": 0, "updated_at": now, **row} for row in rows]
-    stmt = insert_ignoring_conflicts(session, NodeTask, ["item_id", "node_id"]).returning(
-        *_REF_COLUMNS, NodeTask.status
+    table = NodeTask.__table__
+    stmt = insert_ignoring_conflicts(session, table, ["item_id", "node_id"]).returning(
+        *(table.c[c.key] for c in _REF_COLUMNS), table.c.status
     )
-    inserted = session.execute(stmt, payload).all()
+    # Core, not the ORM's bulk insert: the ORM matches returned rows to parameter sets, which it cannot do when
+    # ON CONFLICT skips some, and falls back to one statement per row; Core sends them in batches
+    inserted = session.connection().execute(stmt, payload).all()
     return _refs(r for r in inserted if r[6] == NodeTaskStatus.QUEUED)
 
 

@@ -29,6 +29,8 @@ from app.jobs.graphs import graph_forms, load_module, trace_item
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
+# the first page is small so that workers start at once; pages then double up to PAGE_SIZE
+FIRST_PAGE_SIZE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +85,11 @@ def dispatch_job(
     policy = policy or NodePolicy()
     sent = 0
     plans: dict[str, list[NodePlan]] = {}
+    size = min(FIRST_PAGE_SIZE, page_size)
     while True:
         with session_scope(sessions) as session:
-            messages = _dispatch_page(session, job_id, dispatcher, endpoints, policy, plans, page_size)
+            messages = _dispatch_page(session, job_id, dispatcher, endpoints, policy, plans, size)
+        size = min(page_size, size * 2)
         if messages is None:
             return sent
         if messages:
