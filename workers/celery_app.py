@@ -18,6 +18,7 @@ from kombu import Exchange, Queue
 from app.settings import Settings, get_settings
 from workers.beat import beat_schedule
 from workers.queues import BASE_LEVEL, PRIORITY_LEVELS, Queues
+from workers.redis_clients import share_redis_clients
 
 TASK_MODULES = ["workers.tasks", "workers.learning_tasks"]
 
@@ -94,6 +95,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def create_celery_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
+    share_redis_clients()
     celery = Celery("inf_engine", include=TASK_MODULES)
     celery.conf.update(celery_config(settings))
     return celery

@@ -1,0 +1,35 @@
+"""kombu's Redis channel keeps one client per connection pool once inf-engine's Celery app is built."""
+
+from __future__ import annotations
+
+import uuid
+
+from kombu import Connection
+from redis import Redis
+
+from workers.redis_clients import share_redis_clients
+
+
+def test_a_channel_reuses_its_client_until_its_pool_changes() -> None:
+    share_redis_clients()
+    share_redis_clients()  # idempotent
+    prefix = f"infe_test_rc_{uuid.uuid4().hex[:8]}:"
+    with Connection("redis://127.0.0.1:6379/0", transport_options={"global_keyprefix": prefix}) as conn:
+        channel = conn.channel()
+        try:
+            with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+                assert first is second
+                first.lpush("q", "m")  # the client works, under the key prefix
+                assert second.llen("q") == 1
+            explicit = object()
+            with channel.conn_or_acquire(explicit) as given:
+                assert given is explicit  # a client passed in is used as is
+            channel._disconnect_pools()  # what a fork or a reconnect does: a new pool on next use
+            with channel.conn_or_acquire() as third:
+                assert third is not first
+                assert third.llen("q") == 1
+                third.rpop("q")
+        finally:
+            channel.close()
+    with Redis.from_url("redis://127.0.0.1:6379/0") as plain:
+        assert plain.llen(f"{prefix}q") == 0  # the keys were the prefixed ones, and are gone
