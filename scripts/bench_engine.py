@@ -27,8 +27,10 @@ average before and after and every repeat's wall and CPU seconds, so a disturbed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -265,13 +267,29 @@ class EngineProcess:
 
     All engines stay loaded side by side (vLLM takes minutes to start) and take turns: each workload runs on
     every engine in a row, and the whole sequence is repeated, so slow phases of a shared machine hit every
-    engine alike instead of one engine's whole run. Stdout carries JSON lines; stderr is passed through.
+    engine alike instead of one engine's whole run. While one engine runs, the others are stopped (SIGSTOP on
+    their process groups): an idle vLLM keeps polling on both cores (about 6% each of its processes), which
+    would slow whichever engine runs beside it. Stdout carries JSON lines; stderr is passed through.
     """
 
     def __init__(self, label: str, cmd: list[str]) -> None:
         self.label = label
         print(f"--- {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+        )
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.killpg(self.proc.pid, sig)
+
+    def pause(self) -> None:
+        """Stop every process of this engine (its own and those it started) until :meth:`resume`."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_group(signal.SIGCONT)
 
     def _read_row(self, timeout: float) -> dict[str, Any] | None:
         """The next JSON line from the worker, or None if it exits or takes longer than ``timeout``."""
@@ -485,6 +503,10 @@ def main() -> int:
         for repeat in range(args.repeats):
             for name in names:
                 for proc in procs:
+                    for other in procs:
+                        if other is not proc:
+                            other.pause()
+                    proc.resume()
                     row = proc.run(f"{name} {repeat}", args.timeout)
                     if row is None:
                         continue
@@ -495,6 +517,8 @@ def main() -> int:
                     }
                     print(f"--- {proc.label} ({name}, repeat {repeat}): {json.dumps(brief)}", file=sys.stderr)
     finally:
+        for proc in procs:
+            proc.resume()
         for proc in procs:
             proc.close()
     load_after = os.getloadavg()
