@@ -496,6 +496,8 @@ def main() -> int:
         worker_transformers(args, names)
         return 0
 
+    # a SIGTERM ends the run through the finally below, which continues the stopped engines and closes them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_before = os.getloadavg()
     procs = start_engines(args, names)
     rows: list[dict[str, Any]] = []
