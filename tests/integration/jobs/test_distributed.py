@@ -4,7 +4,7 @@ runs, re-deliveries, retries, the attempts cap, cancel and the sweeper."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 import pytest
@@ -337,3 +337,24 @@ def test_a_running_node_renews_its_lease_so_the_sweeper_leaves_it(committed: Eng
     assert outcome == [Outcome.STORED]
     assert all(r.requeued == 0 for r in reports)  # alive: its lease never lapsed
     assert len(lm.calls) == 1
+
+
+def test_dispatch_starts_with_a_small_page_then_doubles(committed: Engine) -> None:
+    """Workers get the first nodes before the whole job is written: pages of 32, 64, ... items, each sent
+    as soon as its transaction commits; every item's first nodes are sent exactly once."""
+    sessions = make_session_factory(committed)
+    batches: list[int] = []
+
+    class Recording(ListDispatcher):
+        def send(self, messages: Sequence[NodeMessage]) -> None:
+            batches.append(len(messages))
+            super().send(messages)
+
+    dispatcher = Recording()
+    items = [{"custom_id": f"r{i}", "input": f"review {i}"} for i in range(100)]
+    job_id = submit(sessions, "review-compare", items)
+    sent = dispatch_job(sessions, job_id, dispatcher, ENDPOINTS, page_size=50)
+    assert batches == [2 * 32, 2 * 50, 2 * 18]  # 32 items, then pages capped at page_size (2 first nodes each)
+    assert sent == 2 * len(items)
+    keys = {(m.item_id, m.node_id) for m in dispatcher.sent}
+    assert len(keys) == len(dispatcher.sent) == 2 * len(items)
