@@ -1,0 +1,82 @@
+"""Decode attention from the paged KV cache: how fast the C kernel reads the cache on this machine.
+
+One call per layer of a decode step: ``--seqs`` sequences of ``--context`` cached positions each, SmolLM2's shape
+(9 query heads, 3 kv heads, head_dim 64). Three placements of the sequences' blocks in a cache ``--layers``
+times larger than one call reads (so that consecutive calls miss the CPU caches, as the layers of a real step
+do): random blocks, consecutive blocks, and every sequence on the same blocks (cache-resident: the arithmetic
+alone). Each row is printed for several block sizes, with the bytes of K/V one call reads per second.
+
+    .venv/bin/python scripts/bench_decode_attention.py
+    .venv/bin/python scripts/bench_decode_attention.py --seqs 64 --context 96 --block-sizes 16,128
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.kernels import available
+from app.engine.kernels.attention import paged_decode_attention
+
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+
+
+def time_calls(cache: torch.Tensor, tables: list[torch.Tensor], context: int, repeats: int) -> float:
+    seqs = tables[0].shape[0]
+    query = torch.randn(seqs, HEADS, HEAD_DIM)
+    out = torch.empty(seqs, HEADS * HEAD_DIM)
+    lens = torch.full((seqs,), context, dtype=torch.int64)
+    scale = HEAD_DIM**-0.5
+    if not paged_decode_attention(query, cache, tables[0], lens, context, None, scale, out):
+        raise SystemExit("the C kernel does not apply here (it needs float32 on CPU and a built kernel library)")
+    start = time.perf_counter()
+    for i in range(repeats):
+        paged_decode_attention(query, cache, tables[i % len(tables)], lens, context, None, scale, out)
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqs", type=int, default=66)
+    parser.add_argument("--context", type=int, default=332)
+    parser.add_argument("--layers", type=int, default=30, help="distinct block sets cycled through")
+    parser.add_argument("--block-sizes", default="16,64,128")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not available():
+        raise SystemExit("the kernel library is not built here (it needs a C compiler with AVX2)")
+    read = args.seqs * args.context * KV_HEADS * HEAD_DIM * 4 * 2
+    print(
+        f"{args.seqs} sequences x {args.context} positions, {HEADS}/{KV_HEADS} heads x {HEAD_DIM}, "
+        f"{args.threads} threads: {read / 1e6:.1f} MB of K/V per call"
+    )
+    print(f"{'block size':>10} {'placement':>12} {'us/call':>10} {'GB/s':>7}")
+    for block_size in (int(b) for b in args.block_sizes.split(",") if b.strip()):
+        per_seq = -(-args.context // block_size)
+        per_call = args.seqs * per_seq
+        num_blocks = per_call * args.layers
+        cache = torch.randn(2, num_blocks, block_size, KV_HEADS, HEAD_DIM)
+        order = torch.randperm(num_blocks)
+        placements = {
+            "random": [order[i * per_call : (i + 1) * per_call].view(args.seqs, per_seq).contiguous()
+                       for i in range(args.layers)],
+            "consecutive": [torch.arange(i * per_call, (i + 1) * per_call).view(args.seqs, per_seq).contiguous()
+                            for i in range(args.layers)],
+            "cached": [torch.arange(per_seq).repeat(args.seqs, 1).contiguous()],
+        }
+        for name, tables in placements.items():
+            seconds = time_calls(cache, tables, args.context, args.repeats)
+            print(f"{block_size:>10} {name:>12} {seconds * 1e6:>10.1f} {read / seconds / 1e9:>7.1f}")
+        del cache
+
+
+if __name__ == "__main__":
+    main()
