@@ -5,7 +5,8 @@ kombu's Redis transport builds a new ``redis.Redis`` object for every publish, a
 client object (its table of response callbacks) costs about 0.2 ms of CPU, three times per node task (send,
 ack, event), which is about 5% of a busy worker's CPU. A ``redis.Redis`` object is safe to share between
 threads (each command takes a connection from the pool), so the channel keeps one per pool; a new pool (after
-a fork or a reconnect) gets a new client.
+a fork or a reconnect) gets a new client. While a channel has no pool, or is closing (after a lost connection
+it gives back its unacknowledged messages), kombu's own code runs unchanged.
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ def share_redis_clients() -> None:
     if getattr(channel_cls.conn_or_acquire, _PATCHED, False):
         return
 
+    original = channel_cls.conn_or_acquire
+
     @contextmanager
     def conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
-        if client:
-            yield client
+        pool = self._pool
+        if client or pool is None or getattr(self, "_closing", False):
+            # kombu's own way: a client passed in, no pool yet (or it was dropped after a lost connection), or
+            # a channel that is closing (it gives back unacknowledged messages while its connection goes away)
+            with original(self, client) as acquired:
+                yield acquired
             return
-        pool = self.pool
         cached = self.__dict__.get("_inf_shared_client")
         if cached is None or cached[0] is not pool:
             cached = (pool, self._create_client())

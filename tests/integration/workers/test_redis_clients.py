@@ -17,6 +17,8 @@ def test_a_channel_reuses_its_client_until_its_pool_changes() -> None:
     with Connection("redis://127.0.0.1:6379/0", transport_options={"global_keyprefix": prefix}) as conn:
         channel = conn.channel()
         try:
+            with channel.conn_or_acquire() as opening:  # kombu's way: this creates the channel's pool
+                assert opening.llen("q") == 0
             with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
                 assert first is second
                 first.lpush("q", "m")  # the client works, under the key prefix
@@ -24,11 +26,16 @@ def test_a_channel_reuses_its_client_until_its_pool_changes() -> None:
             explicit = object()
             with channel.conn_or_acquire(explicit) as given:
                 assert given is explicit  # a client passed in is used as is
-            channel._disconnect_pools()  # what a fork or a reconnect does: a new pool on next use
-            with channel.conn_or_acquire() as third:
-                assert third is not first
+            channel._disconnect_pools()  # what a fork or a reconnect does: kombu's way again, then a new pool
+            with channel.conn_or_acquire() as third, channel.conn_or_acquire() as fourth:
+                assert third is not first and fourth is not first
                 assert third.llen("q") == 1
-                third.rpop("q")
+            with channel.conn_or_acquire() as fifth, channel.conn_or_acquire() as sixth:
+                assert fifth is sixth is not first  # cached again, for the new pool
+                fifth.rpop("q")
+            channel._closing = True  # a closing channel gives back its messages through kombu's own code
+            with channel.conn_or_acquire() as closing:
+                assert closing is not fifth
         finally:
             channel.close()
     with Redis.from_url("redis://127.0.0.1:6379/0") as plain:
