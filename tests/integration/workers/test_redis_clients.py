@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from kombu import Connection
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from workers.redis_clients import share_redis_clients
 
@@ -40,3 +42,21 @@ def test_a_channel_reuses_its_client_until_its_pool_changes() -> None:
             channel.close()
     with Redis.from_url("redis://127.0.0.1:6379/0") as plain:
         assert plain.llen(f"{prefix}q") == 0  # the keys were the prefixed ones, and are gone
+
+
+def test_a_channel_whose_connection_is_gone_raises_a_connection_error() -> None:
+    """After a Redis restart a channel may close after its connection: kombu expects a connection error there
+    (an AttributeError from building a pool would stop the worker)."""
+    share_redis_clients()
+    with Connection("redis://127.0.0.1:6379/0") as conn:
+        channel = conn.channel()
+        transport = channel.connection
+        channel._disconnect_pools()
+        transport.client = None  # what closing the connection does
+        try:
+            with pytest.raises(RedisConnectionError), channel.conn_or_acquire():
+                pass
+            assert isinstance(RedisConnectionError("x"), conn.connection_errors)  # one kombu handles
+        finally:
+            transport.client = conn
+            channel.close()
