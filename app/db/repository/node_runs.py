@@ -449,7 +449,9 @@ _CLAIM_ONE = """
     FROM claimed AS c
 """
 
-_STORE_ONE = """
+# The start of both stores: insert the result (a re-delivery finds it there already) and mark the node done.
+# Each store continues this WITH list; its further steps check EXISTS (SELECT 1 FROM ins), so they happen once.
+_STORE_RESULT = """
     WITH ins AS (
         INSERT INTO node_results (job_id, item_id, node_id, value, duration_ms, attempt, created_at)
         VALUES (%(job)s, %(item)s, %(node)s, %(value)s, %(duration)s, %(attempt)s, %(now)s)
@@ -458,7 +460,9 @@ _STORE_ONE = """
     ), done AS (
         UPDATE node_tasks SET status = 'done', deadline = NULL, finished_at = %(now)s, updated_at = %(now)s
         WHERE item_id = %(item)s AND node_id = %(node)s
-    ), rel AS (
+    ), """
+
+_STORE_ONE = _STORE_RESULT + """rel AS (
         UPDATE node_tasks
         SET waiting = waiting - 1,
             status = CASE WHEN waiting - 1 <= 0 THEN 'queued' ELSE status END,
@@ -503,6 +507,21 @@ def item_values_direct(conn: psycopg.Connection, *, item_id: int) -> dict[str, A
     return {node_id: value for node_id, value in conn.execute(_ITEM_VALUES, {"item": item_id}, prepare=True)}
 
 
+def _result_params(
+    job_id: str, item_id: int, node_id: str, value: Any, duration_ms: float, attempt: int, now: datetime
+) -> dict[str, Any]:
+    """The parameters of :data:`_STORE_RESULT`."""
+    return {
+        "job": job_id,
+        "item": item_id,
+        "node": node_id,
+        "value": Jsonb(value),
+        "duration": duration_ms,
+        "attempt": attempt,
+        "now": now,
+    }
+
+
 def store_one(
     conn: psycopg.Connection,
     *,
@@ -519,17 +538,8 @@ def store_one(
     """Store the result (``ON CONFLICT DO NOTHING``), mark the node done and, if this delivery stored it and the
     job is open, count down its dependents, in one statement. Returns (stored by this call, the dependents that
     became queued, the job's status)."""
-    params = {
-        "job": job_id,
-        "item": item_id,
-        "node": node_id,
-        "value": Jsonb(value),
-        "duration": duration_ms,
-        "attempt": attempt,
-        "deps": list(dependents),
-        "deadline": deadline,
-        "now": now,
-    }
+    params = _result_params(job_id, item_id, node_id, value, duration_ms, attempt, now)
+    params.update(deps=list(dependents), deadline=deadline)
     rows = conn.execute(_STORE_ONE, params, prepare=True).fetchall()
     inserted = bool(rows and rows[0][0])
     ready = [
@@ -540,16 +550,7 @@ def store_one(
     return inserted, ready, rows[0][8] if rows else None
 
 
-_STORE_LAST = """
-    WITH ins AS (
-        INSERT INTO node_results (job_id, item_id, node_id, value, duration_ms, attempt, created_at)
-        VALUES (%(job)s, %(item)s, %(node)s, %(value)s, %(duration)s, %(attempt)s, %(now)s)
-        ON CONFLICT (job_id, item_id, node_id) DO NOTHING
-        RETURNING id
-    ), done AS (
-        UPDATE node_tasks SET status = 'done', deadline = NULL, finished_at = %(now)s, updated_at = %(now)s
-        WHERE item_id = %(item)s AND node_id = %(node)s
-    ), open_item AS (
+_STORE_LAST = _STORE_RESULT + """open_item AS (
         SELECT id FROM items
         WHERE id = %(item)s AND status IN ('pending', 'running') AND EXISTS (SELECT 1 FROM ins)
         FOR UPDATE
@@ -606,18 +607,13 @@ def store_last(
 ) -> tuple[bool, JobProgress | None]:
     """For the node every other node of its item leads to: store its result and, if this delivery stored it and
     the item is still open, the item's outcome, its place in the job's completion order, the job's counters and
-    metrics, in one statement. Returns (stored by this call,
-    the job's counts after it, when the item finished here)."""
+    metrics, in one statement. Returns (stored by this call, the job's counts after it, when the item finished
+    here)."""
+    params = _result_params(job_id, item_id, node_id, value, duration_ms, attempt, now)
     row = conn.execute(
         _STORE_LAST,
         {
-            "job": job_id,
-            "item": item_id,
-            "node": node_id,
-            "value": Jsonb(value),
-            "duration": duration_ms,
-            "attempt": attempt,
-            "now": now,
+            **params,
             "completed": int(status == ItemStatus.COMPLETED),
             "failed": int(status == ItemStatus.FAILED),
             "status": status.value,

@@ -59,10 +59,10 @@ class PagedCausalLM(nn.Module):
     def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
     ) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define forward(input_ids, positions, attn)")
 
     def lm_head_weight(self) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define lm_head_weight()")
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -77,7 +77,7 @@ class PagedCausalLM(nn.Module):
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load weights named and laid out as the Hugging Face checkpoint of this architecture."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define load_hf_state_dict(state)")
 
     def _column_major_names(self) -> set[str]:
         """The 2-D weights used as the right operand of ``x @ W.T``: every Linear weight and the LM head.

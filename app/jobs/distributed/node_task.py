@@ -148,16 +148,19 @@ class NodeWorker:
             if module is None:
                 if session is None:
                     with session_scope(self.sessions) as own:
-                        pipeline = repository.get_pipeline(own, pipeline_id=pipeline_id)
-                        state = dict(pipeline.parameter_state or {}) if pipeline is not None else {}
+                        state = _parameter_state(own, pipeline_id)
                 else:
-                    pipeline = repository.get_pipeline(session, pipeline_id=pipeline_id)
-                    state = dict(pipeline.parameter_state or {}) if pipeline is not None else {}
+                    state = _parameter_state(session, pipeline_id)
                 module = load_module(pipeline_name, state)
                 if len(self._modules) >= 64:  # a long-lived worker sees many jobs: keep the recent ones
                     self._modules.pop(next(iter(self._modules)))
                 self._modules[job_id] = module
             return module
+
+
+def _parameter_state(session: Session, pipeline_id: int) -> dict[str, Any]:
+    pipeline = repository.get_pipeline(session, pipeline_id=pipeline_id)
+    return dict(pipeline.parameter_state or {}) if pipeline is not None else {}
 
 
 @dataclass
@@ -607,9 +610,8 @@ def _run_inline(item: ItemGraph, node_id: str) -> TaskResult:
 # -- transactions and sending ---------------------------------------------------------------------------------
 def _in_transaction(worker: NodeWorker, work: Callable[[Any], T], fast: bool = False) -> T:
     """Run ``work`` in one transaction (``fast``: on a raw autocommit connection, each statement its own, when
-    the worker has them), retrying
-    while the database is unreachable (a restart, a failover): the node's result is kept in memory meanwhile
-    instead of calling the endpoint again."""
+    the worker has them), retrying while the database is unreachable (a restart, a failover): the node's result
+    is kept in memory meanwhile instead of calling the endpoint again."""
     deadline = time.monotonic() + worker.policy.db_retry_s
     delay = 0.2
     while True:
