@@ -15,6 +15,10 @@ only tensor work: write the new K/V by ``slot_mapping``, then
   gathered blocks with a padding mask. Grouped-query heads ride in the query-length axis, so K/V are never
   repeated. Decodes are sorted by context length and cut into a few groups when that saves padded work (a
   short sequence batched with a long one would otherwise attend over the long one's padding);
+* on that same C path, a sequence with a few query tokens (at most ``SHORT_QUERY_MAX``: a speculative
+  verification, a tiny chunk) becomes one kernel entry per token, token ``t`` seeing positions ``<= ctx_len -
+  q_len + t``: it reads its cache in place instead of gathering it, and each position's numbers are exactly
+  those a plain decode of that position computes;
 * a sequence with several query tokens and nothing cached attends to its own new K/V with ``is_causal``;
 * any other sequence (chunked prefill, prefix-cache hit) gathers its context and uses a causal mask offset by
   the cached prefix: query ``i`` sits at position ``ctx_len - q_len + i`` and sees keys ``<=`` that position.
@@ -36,6 +40,9 @@ import torch.nn.functional as F
 from app.engine.config import ModelConfig
 from app.engine.kernels import paged_decode_attention
 
+# Sequences with at most this many query tokens go to the C decode kernel, one entry per token (it reads a
+# sequence's K/V once per token, which beats a gather plus SDPA only while the tokens are few).
+SHORT_QUERY_MAX = 8
 # Decode batches are split by context length into at most this many SDPA calls...
 MAX_DECODE_GROUPS = 4
 # ...and only when a split saves at least this fraction of the padded key slots.
@@ -103,11 +110,11 @@ class _DecodeGroup:
 
 @dataclass
 class _DecodeIndex:
-    """Every single-query sequence of the batch, for the C kernel that reads the paged cache in place."""
+    """The C kernel's entries: every single-query sequence, and one entry per query token of a short one."""
 
     rows: torch.Tensor | None  # their query rows in the flat batch; None = all rows, in order
     block_tables: torch.Tensor  # [n, blocks] int64, valid block ids (padding points at block 0)
-    context_lens: torch.Tensor  # [n] int64
+    context_lens: torch.Tensor  # [n] int64: the positions an entry's query sees
     max_context_len: int
 
 
@@ -120,6 +127,7 @@ class _PrefillSeq:
     ctx_len: int
     block_ids: torch.Tensor | None  # blocks holding its context; None when nothing is cached (use new K/V)
     mask: torch.Tensor | None  # [q_len, ctx_len] bool, True = may attend
+    in_decode_index: bool = False  # its tokens are also C-kernel entries (used when the kernel applies)
 
 
 @dataclass
@@ -234,33 +242,44 @@ class AttentionMetadata:
         # Padding entries may be -1: point them at block 0; the masks (or context lengths) hide it.
         tables = self.block_tables.clamp(min=0)
         self.block_tables = tables
-        decode = [i for i, q in enumerate(self.query_lens) if q == 1]
-        if decode:
-            ctx = [self.context_lens[i] for i in decode]
-            max_ctx = max(ctx)
-            nblocks = -(-max_ctx // bs)
-            if len(decode) == self.num_seqs:
-                rows, dec_tables = None, tables[:, :nblocks]
-            else:
-                seqs = torch.tensor(decode, dtype=torch.long, device=device)
-                rows = torch.tensor([cu[i] for i in decode], dtype=torch.long, device=device)
-                dec_tables = tables.index_select(0, seqs)[:, :nblocks]
-            self.decode_index = _DecodeIndex(
-                rows,
-                dec_tables.contiguous(),
-                torch.tensor(ctx, dtype=torch.long, device=device),
-                max_ctx,
-            )
+        short = {i for i, q in enumerate(self.query_lens) if 1 < q <= SHORT_QUERY_MAX}
+        self.decode_index = self._kernel_index(tables, cu, short)
         for i, (q, c) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
             if q == 1:
                 continue
             if c == q:
-                self.prefills.append(_PrefillSeq(cu[i], q, c, None, None))
+                self.prefills.append(_PrefillSeq(cu[i], q, c, None, None, i in short))
                 continue
             block_ids = tables[i, : -(-c // bs)].contiguous()
             qpos = torch.arange(c - q, c, device=device)
             mask = torch.arange(c, device=device)[None, :] <= qpos[:, None]
-            self.prefills.append(_PrefillSeq(cu[i], q, c, block_ids, mask))
+            self.prefills.append(_PrefillSeq(cu[i], q, c, block_ids, mask, i in short))
+
+    def _kernel_index(self, tables: torch.Tensor, cu: list[int], short: set[int]) -> _DecodeIndex | None:
+        """The C kernel's entries: each decode, and each token of the ``short`` sequences, in row order."""
+        seqs: list[int] = []
+        ctx: list[int] = []
+        rows: list[int] = []
+        for i, (q, c) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
+            if q != 1 and i not in short:
+                continue
+            for t in range(q):  # token t of the sequence's new ones sits at position c - q + t
+                seqs.append(i)
+                ctx.append(c - q + 1 + t)
+                rows.append(cu[i] + t)
+        if not seqs:
+            return None
+        device = self.slot_mapping.device
+        nblocks = -(-max(ctx) // self.block_size)
+        if len(seqs) == self.num_seqs and rows == list(range(len(rows))):
+            entry_rows, entry_tables = None, tables[:, :nblocks]  # every sequence a decode, in order
+        else:
+            entry_rows = torch.tensor(rows, dtype=torch.long, device=device)
+            index = torch.tensor(seqs, dtype=torch.long, device=device)
+            entry_tables = tables.index_select(0, index)[:, :nblocks]
+        return _DecodeIndex(
+            entry_rows, entry_tables.contiguous(), torch.tensor(ctx, dtype=torch.long, device=device), max(ctx)
+        )
 
     def _build_decode_groups(self) -> list[_DecodeGroup]:
         bs = self.block_size
@@ -359,6 +378,7 @@ def paged_attention(
     v_blocks = kv_cache[1].view(num_blocks, -1)
     ws = meta.workspace
     out: torch.Tensor | None = None
+    prefills = meta.prefills
     dec = meta.decode_index
     if dec is not None:
         # The C kernel reads the decodes' K/V in place (CPU float32); otherwise gather + SDPA below.
@@ -366,7 +386,8 @@ def paged_attention(
         if paged_decode_attention(
             query, kv_cache, dec.block_tables, dec.context_lens, dec.max_context_len, dec.rows, scale, out
         ):
-            if not meta.prefills:
+            prefills = [seq for seq in meta.prefills if not seq.in_decode_index]
+            if not prefills:
                 return out
         else:
             out = None
@@ -388,7 +409,7 @@ def paged_attention(
 
     if out is None:
         out = query.new_empty(num_tokens, num_heads * head_dim)
-    for seq in meta.prefills:
+    for seq in prefills:
         rows = slice(seq.start, seq.start + seq.q_len)
         q = query[rows].transpose(0, 1).unsqueeze(0)
         if seq.block_ids is None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from app.engine import kernels
-from app.engine.attention import AttentionMetadata, paged_attention
+from app.engine.attention import SHORT_QUERY_MAX, AttentionMetadata, paged_attention
 from app.engine.kernels.attention import check_paged_decode_attention
 
 needs_kernel = pytest.mark.skipif(
@@ -66,6 +66,7 @@ def run_step(
         ([1], [203], 9, 3),  # SmolLM2's GQA layout, a partial last block
         ([1] * 20, [1, 2, 3, 5, 8, 60, 61, 63, 4, 9, 7, 62, 6, 3, 2, 64, 1, 59, 5, 58], 4, 2),
         ([1, 7, 1, 5, 1], [33, 7, 2, 12, 17], 8, 8),  # decodes mixed with prefills (one with a cached prefix)
+        ([4, 1, 5, 4, 12], [40, 9, 5, 21, 30], 9, 3),  # speculative verifications, a fresh short prompt, a chunk
     ],
 )
 def test_kernel_matches_the_torch_path(
@@ -78,6 +79,40 @@ def test_kernel_matches_the_torch_path(
 
 
 @needs_kernel
+@needs_kernel
+def test_short_query_rows_equal_plain_decodes_of_their_positions(two_threads: None) -> None:
+    """A verification step (several new tokens of one sequence) gives each token exactly what decoding it
+    alone would: one kernel entry per token, which sees its own position and the ones before."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, head_dim, block_size, ctx, new = 9, 3, 64, 4, 42, 5
+    table = torch.randperm(16, generator=gen)[: -(-ctx // block_size)].tolist()
+    cache = torch.randn(2, 16, block_size, kv_heads, head_dim, generator=gen)
+    query = torch.randn(new, heads, head_dim, generator=gen)
+    key = torch.randn(new, kv_heads, head_dim, generator=gen)
+    value = torch.randn(new, kv_heads, head_dim, generator=gen)
+    scale = head_dim**-0.5
+    meta = AttentionMetadata.build([new], [ctx], [table], block_size)
+    assert meta.prefills[0].block_ids is not None and meta.prefills[0].in_decode_index
+    together = paged_attention(query, key, value, cache.clone(), meta, scale)
+    # The same tokens as `new` one-token sequences on the same blocks, token t seeing ctx - new + 1 + t keys.
+    lens = [ctx - new + 1 + t for t in range(new)]
+    alone_meta = AttentionMetadata.build([1] * new, lens, [table] * new, block_size)
+    alone = paged_attention(query, key, value, cache.clone(), alone_meta, scale)
+    assert torch.equal(together, alone)
+    kernels.enable(False)
+    try:
+        reference = paged_attention(query, key, value, cache.clone(), meta, scale)
+    finally:
+        kernels.enable(True)
+    torch.testing.assert_close(together, reference, rtol=1e-5, atol=2e-6)
+
+
+def test_long_chunks_stay_on_the_sdpa_path() -> None:
+    meta = AttentionMetadata.build([SHORT_QUERY_MAX + 1, 2], [40, 9], [list(range(10)), [10, 11, 12]], 4)
+    assert [seq.in_decode_index for seq in meta.prefills] == [False, True]
+    assert meta.decode_index is not None and meta.decode_index.context_lens.tolist() == [8, 9]
+
+
 def test_results_do_not_depend_on_threads_or_runs(two_threads: None) -> None:
     """Each (sequence, kv head) is one task computed start to end by one thread."""
     lens = [40, 3, 77, 12]
