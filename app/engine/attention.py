@@ -6,8 +6,8 @@ fixed-size blocks of a per-layer cache ``[2, num_blocks, block_size, num_kv_head
 lists the physical blocks in order, so logical position ``p`` is slot ``table[p // block_size] * block_size +
 p % block_size``.
 
-The metadata precomputes, once per step, everything the layers share (gather indices, masks), so a layer does
-only tensor work: write the new K/V by ``slot_mapping``, then
+The metadata builds, once per step (some of it on first use), everything the layers share (gather indices,
+masks), so a layer does only tensor work: write the new K/V by ``slot_mapping``, then
 
 * sequences with one query token (decodes, and any 1-token chunk) on CPU float32 go to the C kernel
   ``app.engine.kernels.paged_decode_attention``, which reads each sequence's K/V in place through its block
@@ -33,6 +33,7 @@ import math
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -120,14 +121,31 @@ class _DecodeIndex:
 
 @dataclass
 class _PrefillSeq:
-    """One multi-token sequence of the batch, with its precomputed gather indices and mask."""
+    """One multi-token sequence of the batch; its gather indices and mask are built on first use (a short
+    sequence that the C kernel serves never needs them)."""
 
     start: int  # first query row in the flat batch
     q_len: int
     ctx_len: int
-    block_ids: torch.Tensor | None  # blocks holding its context; None when nothing is cached (use new K/V)
-    mask: torch.Tensor | None  # [q_len, ctx_len] bool, True = may attend
+    table: torch.Tensor | None  # its block-table row when part of its context is cached; None: new K/V only
+    block_size: int
     in_decode_index: bool = False  # its tokens are also C-kernel entries (used when the kernel applies)
+
+    @cached_property
+    def block_ids(self) -> torch.Tensor | None:
+        """The blocks holding its context; None when nothing is cached (attend to the new K/V)."""
+        if self.table is None:
+            return None
+        return self.table[: -(-self.ctx_len // self.block_size)].contiguous()
+
+    @cached_property
+    def mask(self) -> torch.Tensor | None:
+        """``[q_len, ctx_len]`` bool, True = may attend: query ``i`` sits at position ``ctx_len - q_len + i``."""
+        if self.table is None:
+            return None
+        device = self.table.device
+        qpos = torch.arange(self.ctx_len - self.q_len, self.ctx_len, device=device)
+        return torch.arange(self.ctx_len, device=device)[None, :] <= qpos[:, None]
 
 
 @dataclass
@@ -237,7 +255,6 @@ class AttentionMetadata:
 
     def _prepare(self, cu: list[int]) -> None:
         bs = self.block_size
-        device = self.slot_mapping.device
         self._cu = cu
         # Padding entries may be -1: point them at block 0; the masks (or context lengths) hide it.
         tables = self.block_tables.clamp(min=0)
@@ -247,13 +264,7 @@ class AttentionMetadata:
         for i, (q, c) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
             if q == 1:
                 continue
-            if c == q:
-                self.prefills.append(_PrefillSeq(cu[i], q, c, None, None, i in short))
-                continue
-            block_ids = tables[i, : -(-c // bs)].contiguous()
-            qpos = torch.arange(c - q, c, device=device)
-            mask = torch.arange(c, device=device)[None, :] <= qpos[:, None]
-            self.prefills.append(_PrefillSeq(cu[i], q, c, block_ids, mask, i in short))
+            self.prefills.append(_PrefillSeq(cu[i], q, c, None if c == q else tables[i], bs, i in short))
 
     def _kernel_index(self, tables: torch.Tensor, cu: list[int], short: set[int]) -> _DecodeIndex | None:
         """The C kernel's entries: each decode, and each token of the ``short`` sequences, in row order."""
@@ -271,8 +282,8 @@ class AttentionMetadata:
             return None
         device = self.slot_mapping.device
         nblocks = -(-max(ctx) // self.block_size)
-        if len(seqs) == self.num_seqs and rows == list(range(len(rows))):
-            entry_rows, entry_tables = None, tables[:, :nblocks]  # every sequence a decode, in order
+        if self.is_decode_only:  # one entry per sequence, in batch order
+            entry_rows, entry_tables = None, tables[:, :nblocks]
         else:
             entry_rows = torch.tensor(rows, dtype=torch.long, device=device)
             index = torch.tensor(seqs, dtype=torch.long, device=device)
