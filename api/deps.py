@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-
 from fastapi import Request
 
+from app.jobs.tenants import ANONYMOUS, KeyRing
 from app.serving import OpenAIServing
 from app.serving.errors import unauthorized
 
@@ -16,10 +14,19 @@ def get_serving(request: Request) -> OpenAIServing:
     return serving
 
 
+def key_ring(request: Request) -> KeyRing:
+    ring: KeyRing | None = getattr(request.app.state, "key_ring", None)
+    if ring is None:
+        ring = request.app.state.key_ring = KeyRing(request.app.state.settings.api_keys)
+    return ring
+
+
 async def require_api_key(request: Request) -> None:
-    """401 unless ``Authorization: Bearer <key>`` names one of ``settings.api_keys`` (none configured = open)."""
-    keys: list[str] = request.app.state.settings.api_keys
-    if not keys:
+    """401 unless ``Authorization: Bearer <key>`` names one of ``settings.api_keys`` (none configured = open);
+    the key's tenant is kept on the request for :func:`get_owner`."""
+    ring = key_ring(request)
+    if ring.open:
+        request.state.tenant = ANONYMOUS
         return
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -27,17 +34,23 @@ async def require_api_key(request: Request) -> None:
         raise unauthorized(
             "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY'."
         )
-    token = token.strip()
-    if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
+    tenant = ring.tenant_of(token.strip())
+    if tenant is None:
         raise unauthorized(
             "Incorrect API key provided. Use one of the keys configured in INF_ENGINE_API_KEYS."
         )
+    request.state.tenant = tenant
 
 
 def get_owner(request: Request) -> str:
-    """Who owns what this request creates: a hash of its API key (never the key itself), or "anonymous" on a
-    server without keys. Jobs and files are visible only to their owner."""
-    if not request.app.state.settings.api_keys:
-        return "anonymous"
-    _, _, token = request.headers.get("authorization", "").partition(" ")
-    return "key-" + hashlib.sha256(token.strip().encode()).hexdigest()[:24]
+    """The tenant that owns what this request creates and the only one that may read it (app/jobs/tenants.py):
+    the tenant a ``tenant:key`` entry names, a hash of a bare key (never the key itself), or "anonymous" on a
+    server without keys."""
+    tenant = getattr(request.state, "tenant", None)
+    if tenant is None:  # a route outside the keyed routers: authenticate here
+        ring = key_ring(request)
+        _, _, token = request.headers.get("authorization", "").partition(" ")
+        tenant = ring.tenant_of(token.strip())
+        if tenant is None:
+            raise unauthorized("Incorrect API key provided. Use one of the keys configured in INF_ENGINE_API_KEYS.")
+    return str(tenant)

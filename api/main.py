@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from api.errors import install_error_handlers
-from api.middleware import RequestContextMiddleware
+from api.middleware import RequestContextMiddleware, RequestGuardMiddleware
 from api.platform import jobs_dispatcher, platform_collector
 from api.routes import batches as batches_routes
 from api.routes import evaluations as evaluations_routes
@@ -25,10 +25,11 @@ from api.routes import jobs as jobs_routes
 from api.routes import ops
 from api.routes import trainings as trainings_routes
 from api.routes.openai import extras, v1
-from app.engine.backends import Backend, create_backend
 from app.jobs.learning_runtime import LearningRuntime
+from app.jobs.registry import configure_registry
 from app.jobs.runtime import JobsRuntime
 from app.serving import OpenAIServing, ServingMetrics
+from app.serving.backends import Backend, create_backend
 from app.settings import Settings, get_settings
 
 
@@ -36,6 +37,7 @@ def create_app(
     settings: Settings | None = None, backend: Backend | None = None, jobs: JobsRuntime | None = None
 ) -> FastAPI:
     settings = settings or get_settings()
+    configure_registry(settings.pipeline_modules)  # what requests may name; a broken module fails here
     backend = backend or create_backend(settings)
     # jobs: the database and the embedded executor start only once jobs are used (or exist to be resumed)
     # (without a resources file, the jobs' pipelines call this server's own backend)
@@ -73,6 +75,8 @@ def create_app(
     app.include_router(trainings_routes.router)
     app.include_router(evaluations_routes.router)
     app.include_router(ops.router)
+    # innermost first: the guard's 413s and 400s still pass CORS and get a request id and an access-log line
+    app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_request_bytes)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

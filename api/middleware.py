@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request ids, one structured access-log line and HTTP metrics per request.
+"""Pure ASGI middleware: request ids, one structured access-log line and HTTP metrics per request; the guard that
+refuses oversized bodies (413) and NUL characters in URLs (400) before any route runs.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so streaming responses pass through untouched and a client
 disconnect still reaches the route as a cancellation.
@@ -10,9 +11,13 @@ import re
 import time
 import uuid
 from typing import Any
+from urllib.parse import parse_qsl
 
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.serving.errors import error_body
 from app.serving.logs import access_log
 from app.serving.metrics import ServingMetrics
 
@@ -69,3 +74,97 @@ class RequestContextMiddleware:
                 latency_ms=round(latency * 1000, 2),
                 client=f"{client[0]}:{client[1]}" if client else None,
             )
+
+
+# -- hostile requests: refused before any route sees them ----------------------------------------------------
+#: /tokenize and /detokenize are open (as in vLLM) and their work grows with the body: a smaller limit
+TOKENIZE_MAX_BYTES = 4 * 1024 * 1024
+SMALL_BODY_ROUTES = {"/tokenize": TOKENIZE_MAX_BYTES, "/detokenize": TOKENIZE_MAX_BYTES}
+
+
+class RequestTooLarge(HTTPException):
+    """The body exceeds its limit. An ``HTTPException``, so that FastAPI's body parsing passes it through and
+    ``api.errors`` answers 413 even when the excess is noticed while a route is reading a chunked body."""
+
+    def __init__(self, limit: int, accepted_by: str) -> None:
+        super().__init__(413, f"The request body is larger than {limit} bytes, the most {accepted_by}.")
+        self.limit = limit
+
+
+def too_large_response(exc: RequestTooLarge) -> JSONResponse:
+    return JSONResponse(error_body(str(exc.detail), code="payload_too_large"), status_code=413)
+
+
+def _nul_in_url(scope: Scope) -> JSONResponse | None:
+    """A 400 for a NUL character (``%00``) in the path or the query string: no id or name holds one, and
+    PostgreSQL cannot even compare text with it."""
+    if "\x00" in scope.get("path", ""):
+        message = "The URL path contains a NUL character (%00); no id or name on this server contains one."
+        return JSONResponse(error_body(message, code="nul_character"), status_code=400)
+    query: bytes = scope.get("query_string", b"")
+    if b"%00" in query or b"\x00" in query:
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+        param = next((key for key, value in pairs if "\x00" in key or "\x00" in value), None)
+        message = f"The query parameter {param!r} contains a NUL character (%00)." if param else (
+            "The query string contains a NUL character (%00).")
+        return JSONResponse(error_body(message, param=param, code="nul_character"), status_code=400)
+    return None
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class RequestGuardMiddleware:
+    """Refuses, in one place, the requests no route should see: a body larger than ``max_bytes`` (413, from
+    Content-Length before anything is read, or counted while a chunked body streams) and a NUL in the URL (400).
+    Both answer with the OpenAI error body."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = _nul_in_url(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        small = SMALL_BODY_ROUTES.get(scope.get("path", ""))
+        if small is not None and small < self.max_bytes:
+            limit, setting = small, f"{scope['path']} accepts"
+        else:
+            limit, setting = self.max_bytes, "this server accepts (INF_ENGINE_MAX_REQUEST_BYTES)"
+        declared = _declared_length(scope)
+        if declared is not None and declared > limit:
+            await too_large_response(RequestTooLarge(limit, setting))(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise RequestTooLarge(limit, setting)
+            return message
+
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except RequestTooLarge as exc:  # raised where no exception handler saw it (e.g. a background read)
+            if started:
+                raise
+            await too_large_response(exc)(scope, receive, send)

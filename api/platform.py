@@ -20,15 +20,15 @@ def jobs_dispatcher(settings: Settings) -> Any:
     runs them, as on a bare machine)."""
     if not settings.redis_url:
         return None
-    from workers.celery_app import create_celery_app
-    from workers.dispatch import CeleryDispatcher
+    from app.jobs.distributed.transport.celery_config import create_celery_app
+    from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 
     return CeleryDispatcher(create_celery_app(settings), settings)
 
 
 def platform_collector(settings: Settings, jobs: JobsRuntime) -> PlatformCollector:
-    from workers.dispatch import queue_keys
-    from workers.queues import Queues
+    from app.jobs.distributed.transport.celery_dispatch import queue_keys
+    from app.jobs.distributed.transport.queues import Queues
 
     def job_counts() -> JobCounts | None:
         try:

@@ -3,24 +3,40 @@
 Values come from, highest first: keyword arguments, environment variables prefixed ``INF_ENGINE_``, a TOML file
 (``inf-engine.toml`` in the working directory, or the path in ``INF_ENGINE_CONFIG_FILE``), then the defaults.
 Nothing else in the code base reads the environment for configuration.
+
+A list setting takes a JSON list (``INF_ENGINE_API_KEYS='["a", "b"]'``) or a plain comma-separated value
+(``INF_ENGINE_API_KEYS=a,b``; ``vllm_extra_args`` is split like a shell command line instead); items are trimmed and
+empty ones dropped. A bad setting is reported by :func:`settings_error_message` in one line that names the variable.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import sys
+import tomllib
+import types
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
 CONFIG_FILE_ENV = "INF_ENGINE_CONFIG_FILE"
+ENV_PREFIX = "INF_ENGINE_"
+EXIT_BAD_SETTINGS = 2  # the exit status of every command that cannot start for a bad setting
 
 BackendName = Literal["native", "transformers", "vllm", "openai"]
 DEFAULT_CONFIG_FILE = "inf-engine.toml"
@@ -28,6 +44,43 @@ DEFAULT_CONFIG_FILE = "inf-engine.toml"
 
 def _config_file() -> Path:
     return Path(os.environ.get(CONFIG_FILE_ENV, DEFAULT_CONFIG_FILE))
+
+
+class ConfigFileMissingError(FileNotFoundError):
+    """``INF_ENGINE_CONFIG_FILE`` names a file that does not exist."""
+
+
+class ConfigFileInvalidError(ValueError):
+    """The TOML settings file cannot be parsed."""
+
+
+class ShellWords:
+    """Marks a list setting whose plain (non-JSON) value is split like a shell command line, not on commas."""
+
+
+SHELL_WORDS = ShellWords()
+_SEQUENCES = (list, set, tuple, frozenset)
+
+
+def _is_list_field(field: FieldInfo) -> bool:
+    annotation = field.annotation
+    members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    return any(m in _SEQUENCES or get_origin(m) in _SEQUENCES for m in members)
+
+
+def split_list_value(value: str, *, shell: bool = False) -> list[str]:
+    """A plain list value: comma-separated (or shell words), each item trimmed, empty items dropped."""
+    items = shlex.split(value) if shell else value.split(",")
+    return [item.strip() for item in items if item.strip()]
+
+
+class _EnvSource(EnvSettingsSource):
+    """The ``INF_ENGINE_*`` variables, where a list setting may also be a plain value rather than JSON."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        if isinstance(value, str) and _is_list_field(field) and not value.lstrip().startswith("["):
+            return value  # split by Settings._plain_lists
+        return super().decode_complex_value(field_name, field, value)
 
 
 class Settings(BaseSettings):
@@ -41,6 +94,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, description="Redis URL for Celery and global limits")
     api_keys: list[str] = Field(default_factory=list, description="Bearer keys accepted on /v1/*; empty = open")
     resources_file: Path | None = Field(default=None, description="Default ResourceConfig file (TOML or YAML)")
+    pipeline_modules: list[str] = Field(
+        default_factory=list,
+        description="Modules the operator registers (imported at start): their pipeline Module classes (or a "
+        "PIPELINES dict of name -> class), and LOSSES / METRICS dicts of name -> factory or verifier function",
+    )
     default_max_concurrent: int = Field(default=100, ge=1)
 
     # --- the OpenAI-compatible server (``inf-engine serve``) and its backend -------------------------------
@@ -76,7 +134,11 @@ class Settings(BaseSettings):
     vllm_python: Path | None = Field(
         default=None, description="Python executable of a venv with vLLM, for the vllm backend"
     )
-    vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments")
+    vllm_extra_args: Annotated[list[str], SHELL_WORDS] = Field(
+        default_factory=list,
+        description="Extra `vllm serve` arguments: split like a shell command line "
+        "(e.g. '--max-model-len 4096 --enforce-eager'), or a JSON list",
+    )
     vllm_startup_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for vLLM's /health")
     openai_base_url: str | None = Field(
         default=None, description="Upstream OpenAI-compatible URL (with /v1) for the openai backend"
@@ -90,6 +152,11 @@ class Settings(BaseSettings):
     jobs_max_items: int = Field(default=100_000, ge=1, description="Items one job may hold (more answers 413)")
     jobs_max_bytes: int = Field(
         default=100 * 1024 * 1024, ge=1, description="Largest job request body / input file in bytes (413 beyond)"
+    )
+    max_request_bytes: int = Field(
+        default=200 * 1024 * 1024, ge=1,
+        description="Largest HTTP request body in bytes on any route (413 beyond; /tokenize and /detokenize take "
+        "at most 4 MiB, jobs and files at most jobs_max_bytes)",
     )
     jobs_max_running: int = Field(default=4, ge=1, description="Jobs the embedded executor runs at once")
     jobs_poll_interval: float = Field(
@@ -167,6 +234,18 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_lists(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None or not _is_list_field(field):
+            return value
+        if isinstance(value, str):
+            return split_list_value(value, shell=SHELL_WORDS in field.metadata)
+        if isinstance(value, list):
+            return [v.strip() if isinstance(v, str) else v for v in value if not (isinstance(v, str) and not v.strip())]
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
@@ -208,12 +287,17 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
         path = _config_file()
         if path.is_file():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+            try:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigFileInvalidError(f"settings file {path} is not valid TOML: {exc}; fix it") from None
         elif CONFIG_FILE_ENV in os.environ:
-            raise FileNotFoundError(f"{CONFIG_FILE_ENV} names {path}, which does not exist")
+            raise ConfigFileMissingError(
+                f"{CONFIG_FILE_ENV} names {path}, which does not exist; point it at a TOML file, or unset it"
+            )
         return tuple(sources)
 
 
@@ -221,3 +305,95 @@ class Settings(BaseSettings):
 def get_settings(**overrides: Any) -> Settings:
     """The cached process settings (tests call ``get_settings.cache_clear()`` after changing the environment)."""
     return Settings(**overrides)
+
+
+# --- a bad setting, told in one line -----------------------------------------------------------------------
+_SECRET_FIELD = re.compile(r"key|password|secret|token|url", re.IGNORECASE)
+_SOURCE_FIELD = re.compile(r'field "([^"]+)"')
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _where(field: str, given: Mapping[str, str]) -> str:
+    """How the user gave the setting: a command-line option, the variable, or the TOML file's key."""
+    if field in given:
+        return given[field]
+    if env_name(field) in os.environ or not _config_file().is_file():
+        return env_name(field)
+    return f"{field} in {_config_file()}"
+
+
+def _example(field: str, where: str, value: Any) -> str:
+    """``value`` written the way the setting was given: a variable, a command-line option or a TOML key."""
+    text = str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+    if where.startswith(ENV_PREFIX):
+        return f"{where}={text}"
+    if where.startswith("-"):
+        return f"{where} {text}"
+    return f'{field} = "{text}"' if isinstance(value, str | Path) else f"{field} = {text}"
+
+
+def _hint(field: str, where: str) -> str:
+    """What a valid value looks like: the list forms, an example (the default), or the description."""
+    info = Settings.model_fields.get(field)
+    if info is None:
+        return ""
+    name = env_name(field)
+    if _is_list_field(info):
+        if SHELL_WORDS in info.metadata:
+            return f"give shell words ({name}='--a 1 --b') or a JSON list ({name}='[\"--a\", \"1\"]')"
+        return f"give a comma-separated list ({name}=a,b) or a JSON list ({name}='[\"a\", \"b\"]')"
+    if info.default is not None and isinstance(info.default, str | int | float | bool | Path):
+        return f"e.g. {_example(field, where, info.default)}"
+    return f"expected: {info.description}" if info.description else ""
+
+
+def _validation_line(error: Mapping[str, Any], given: Mapping[str, str]) -> str:
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    loc = error.get("loc") or ()
+    if not loc:  # a rule across settings: name the variables it mentions
+        names = [env_name(f) for f in Settings.model_fields if re.search(rf"\b{f}\b", message)]
+        return f"invalid settings: {message}" + (f" ({', '.join(names)})" if names else "")
+    field = str(loc[0])
+    value = error.get("input")
+    shown = "" if _SECRET_FIELD.search(field) or not isinstance(value, str | int | float) else repr(value)[:60]
+    got = f" (got {shown})" if shown and shown not in message else ""
+    where = _where(field, given)
+    hint = _hint(field, where)
+    return f"{where}: {message}{got}" + (f"; {hint}" if hint else "")
+
+
+def settings_error_message(exc: BaseException, given: Mapping[str, str] | None = None) -> str | None:
+    """The one line that tells a user which setting is bad and what a valid value looks like, or None when
+    ``exc`` is not a settings error. ``given`` names settings given otherwise (``{"serve_port": "--port"}``)."""
+    given = given or {}
+    if isinstance(exc, ConfigFileMissingError | ConfigFileInvalidError):
+        return str(exc)
+    if isinstance(exc, ValidationError) and exc.title == Settings.__name__:
+        return " | ".join(_validation_line(error, given) for error in exc.errors())
+    if isinstance(exc, SettingsError):
+        match = _SOURCE_FIELD.search(str(exc))
+        if match is None:
+            return f"invalid settings: {exc}"
+        field = match.group(1)
+        cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+        where = _where(field, given)
+        hint = _hint(field, where)
+        return f"{where} is not valid JSON{cause}" + (f"; {hint}" if hint else "")
+    return None
+
+
+@contextmanager
+def exit_on_bad_settings() -> Iterator[None]:
+    """Around a program's start: a bad setting raised inside prints its one line to stderr and exits with
+    status 2, without a traceback; any other error goes on as it was."""
+    try:
+        yield
+    except Exception as exc:
+        message = settings_error_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BAD_SETTINGS) from None

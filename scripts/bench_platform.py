@@ -108,6 +108,7 @@ class Platform:
             "INF_ENGINE_RESOURCES_FILE": str(resources),
             "INF_ENGINE_DATA_DIR": str(tmp / "data"),
             "INF_ENGINE_LOG_LEVEL": "WARNING",
+            "INF_ENGINE_PIPELINE_MODULES": PIPELINE.partition(":")[0],
             "PYTHONPATH": str(ROOT),
         }
         self.tmp = tmp
@@ -121,8 +122,8 @@ class Platform:
             celery_queue_prefix=prefix,
             resources_file=resources,
         )
+        from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
         from workers.celery_app import create_celery_app
-        from workers.dispatch import CeleryDispatcher
 
         self.celery = create_celery_app(self.settings)
         self.dispatcher = CeleryDispatcher(self.celery, self.settings)
@@ -172,9 +173,11 @@ class Platform:
         from app.db import session_scope
         from app.jobs.distributed import dispatch_job
         from app.jobs.distributed.worker import endpoints_of, node_policy
+        from app.jobs.registry import configure_registry
         from app.jobs.service import describe_job
         from app.jobs.submission import JobRequest, submit_job
 
+        configure_registry([PIPELINE.partition(":")[0]])  # the operator registers the benchmark's pipeline
         inputs = [{"custom_id": f"d{i}", "input": text} for i, text in enumerate(make_inputs(items))]
         start = time.perf_counter()
         with session_scope(self.sessions) as session:

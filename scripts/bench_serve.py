@@ -313,7 +313,7 @@ def main() -> None:
     args.backends = [b for b in args.backends.split(",") if b]
     rates = [float(r) for r in args.rates.split(",") if r]
 
-    from app.engine.backends.local import default_served_name, resolve_hf_folder
+    from app.serving.backends.local import default_served_name, resolve_hf_folder
 
     model_folder = resolve_hf_folder(args.model)
     served = default_served_name(args.model)

@@ -21,8 +21,8 @@ from typing import Any
 
 from redis import Redis
 
+from app.jobs.distributed.transport.queues import Queues
 from app.settings import Settings
-from workers.queues import Queues
 
 log = logging.getLogger(__name__)
 

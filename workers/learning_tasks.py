@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from app.jobs.distributed.transport.queues import Queues
 from app.jobs.learning_worker import learning_worker
 from app.settings import get_settings
-from workers.queues import Queues
 
 
 @shared_task(name="inf.fire_evaluation_schedules")

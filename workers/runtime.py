@@ -9,20 +9,20 @@ import threading
 from typing import Any
 
 from redis import Redis
-from sqlalchemy.orm import Session, sessionmaker
 
+from app.db import SessionFactory
 from app.jobs.distributed import Endpoints, NodePolicy, NodeWorker
+from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import build_node_worker, endpoints_of, node_policy
 from app.jobs.monitoring import BufferedRecorder
 from app.settings import get_settings
-from workers.dispatch import CeleryDispatcher
 from workers.engine_host import get_host
 
 log = logging.getLogger(__name__)
 
 _lock = threading.RLock()
 _worker: NodeWorker | None = None
-_sweeper: tuple[sessionmaker[Session], CeleryDispatcher, Endpoints, NodePolicy] | None = None
+_sweeper: tuple[SessionFactory, CeleryDispatcher, Endpoints, NodePolicy] | None = None
 
 
 def _reset_after_fork() -> None:
@@ -60,7 +60,7 @@ def node_worker() -> NodeWorker:
     return _worker
 
 
-def sweeper_parts() -> tuple[sessionmaker[Session], CeleryDispatcher, Endpoints, NodePolicy]:
+def sweeper_parts() -> tuple[SessionFactory, CeleryDispatcher, Endpoints, NodePolicy]:
     """What the sweeper needs, once per process."""
     global _sweeper
     if _sweeper is None:

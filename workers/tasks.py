@@ -13,15 +13,15 @@ from typing import Any
 
 from celery import shared_task
 from redis import Redis
-from sqlalchemy.exc import InterfaceError, OperationalError
 
+from app.db import DATABASE_UNAVAILABLE
 from app.jobs.distributed import NodeCall, run_node, sweep
 from app.settings import get_settings
 from workers.beat import HEARTBEAT_EVERY_S, SingletonLock, heartbeat_key
 from workers.runtime import node_worker, sweeper_parts
 
 # the database unreachable before the node was claimed (a restart, a failover): nothing ran yet, retry later
-DB_DOWN = (OperationalError, InterfaceError)
+DB_DOWN = DATABASE_UNAVAILABLE
 
 
 @shared_task(

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import require_api_key
+from api.params import RequestBody
 from api.responses import JSONBytes
 from api.routes.jobs import Owner, Runtime
 from app.jobs import batches
@@ -20,7 +21,7 @@ from app.jobs import batches
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["batches"])
 
 
-class BatchBody(BaseModel):
+class BatchBody(RequestBody):
     """The body of ``POST /v1/batches``."""
 
     model_config = ConfigDict(extra="forbid")

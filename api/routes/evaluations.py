@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from api.deps import get_owner, require_api_key
+from api.params import DB_INT_MAX, RequestBody
 from api.responses import JSONBytes
 from api.routes.trainings import Runtime, in_session
 from app.jobs import evaluations
@@ -19,16 +20,17 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 Owner = Annotated[str, Depends(get_owner)]
 
 
-class EvaluationCreate(BaseModel):
+class EvaluationCreate(RequestBody):
     """The body of ``POST /v1/evaluations``: a loss spec or a metric name."""
 
     model_config = ConfigDict(extra="forbid")
+    data_lists = frozenset({"dataset"})
 
     pipeline: str = Field(min_length=1)
     dataset: list[Any] | str | dict[str, Any] = Field(validation_alias=AliasChoices("dataset", "dataset_file_id"))
     loss: dict[str, Any] | str | None = None
     metric: str | dict[str, Any] | None = None
-    version: int | None = Field(default=None, ge=1)
+    version: int | None = Field(default=None, ge=1, le=DB_INT_MAX)
     max_concurrent: int | None = Field(default=None, ge=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
 

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from api.deps import require_api_key
-from api.responses import JSONBytes
+from api.responses import JSONBytes, content_disposition
 from api.routes.jobs import Owner, Runtime
 from app.jobs import files
 from app.jobs.errors import InvalidJobInput, PayloadTooLarge
@@ -23,7 +23,15 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 MULTIPART_OVERHEAD = 64 * 1024
 
 
-@router.post("/files")
+# the route reads its form itself (to bound its size first): the schema documents it
+_UPLOAD_FORM = {"type": "object", "required": ["file", "purpose"], "properties": {
+    "file": {"type": "string", "format": "binary", "description": "The JSONL file"},
+    "purpose": {"type": "string", "description": "'batch' (Batch API requests) or 'user_data' (job inputs)"},
+}}
+
+
+@router.post("/files", openapi_extra={"requestBody": {"required": True,
+                                                      "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}}})
 async def upload_file(request: Request, runtime: Runtime, owner: Owner) -> Response:
     """multipart/form-data with ``file`` (the JSONL) and ``purpose`` (``batch`` or ``user_data``)."""
     limit = runtime.limits.max_bytes
@@ -92,9 +100,8 @@ async def file_content(file_id: str, runtime: Runtime, owner: Owner) -> Response
             return files.file_content(session, file_id, owner)
 
     found = await run_in_threadpool(work)
-    safe_name = found.filename.replace('"', "").replace("\r", "").replace("\n", "")
     return Response(found.content, media_type="application/octet-stream",
-                    headers={"Content-Disposition": f'attachment; filename="{safe_name}"'})
+                    headers={"Content-Disposition": content_disposition(found.filename)})
 
 
 @router.delete("/files/{file_id}")

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import get_owner, require_api_key
-from api.responses import JSONBytes
+from api.params import RequestBody, ResultsCursor
+from api.responses import JSONBytes, content_disposition, dumps
 from app.jobs import service
 from app.jobs.errors import InvalidJobInput, JobNotFound, PayloadTooLarge
 from app.jobs.runtime import JobsRuntime
@@ -28,10 +28,11 @@ RESULTS_PAGE = 500
 FOLLOW_POLL_SECONDS = 1.0  # followers also re-read this often: another process may be running the job
 
 
-class JobCreate(BaseModel):
+class JobCreate(RequestBody):
     """The body of ``POST /v1/jobs``."""
 
     model_config = ConfigDict(extra="forbid")
+    data_lists = frozenset({"inputs"})
 
     pipeline: str = Field(min_length=1)
     inputs: list[Any] | str | None = None
@@ -51,7 +52,11 @@ Runtime = Annotated[JobsRuntime, Depends(jobs_runtime)]
 Owner = Annotated[str, Depends(get_owner)]
 
 
-@router.post("/jobs", status_code=201)
+# the route reads its body itself (to bound its size first): the schema documents it
+_JOB_BODY = {"required": True, "content": {"application/json": {"schema": JobCreate.model_json_schema()}}}
+
+
+@router.post("/jobs", status_code=201, openapi_extra={"requestBody": _JOB_BODY})
 async def create_job(
     request: Request,
     runtime: Runtime,
@@ -59,10 +64,7 @@ async def create_job(
     idempotency_header: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> Response:
     body = await _read_body(request, runtime.limits.max_bytes)
-    try:
-        payload = JobCreate.model_validate_json(body)
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
+    payload = await run_in_threadpool(_parse_job, body)  # a large body takes a while: off the event loop
     job_request = JobRequest(
         pipeline=payload.pipeline, inputs=payload.inputs, input_file_id=payload.input_file_id,
         priority=payload.priority, metadata=payload.metadata,
@@ -82,6 +84,13 @@ async def create_job(
     if not created:
         headers["Idempotent-Replayed"] = "true"
     return JSONBytes(view, status_code=201, headers=headers)
+
+
+def _parse_job(body: bytes) -> JobCreate:
+    try:
+        return JobCreate.model_validate_json(body)
+    except ValidationError as exc:
+        raise from_validation_errors(exc.errors()) from None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -150,7 +159,7 @@ async def job_results(
     job_id: str,
     runtime: Runtime,
     owner: Owner,
-    cursor: Annotated[int, Query(ge=0, description="Results already read: start after the first CURSOR")] = 0,
+    cursor: ResultsCursor = 0,
     follow: Annotated[bool, Query(description="Keep streaming new results until the job ends")] = False,
 ) -> Response:
     """NDJSON, one line per finished item in completion order: ``{"custom_id", "status", "output"}`` or
@@ -173,7 +182,7 @@ async def _stream_results(
 ) -> AsyncIterator[bytes]:
     while True:
         if page.lines:
-            yield b"".join(orjson.dumps(line) + b"\n" for line in page.lines)
+            yield b"".join(dumps(line) + b"\n" for line in page.lines)
         if page.finished:
             return
         if len(page.lines) < RESULTS_PAGE:  # caught up with what is stored
@@ -210,4 +219,4 @@ async def job_trace(job_id: str, runtime: Runtime, owner: Owner) -> Response:
     if trace is None:
         raise JobNotFound(f"job {job_id} has no trace yet: it has not started running", param="job_id",
                           code="trace_not_found")
-    return JSONBytes(trace, headers={"Content-Disposition": f'inline; filename="{job_id}.trace.json"'})
+    return JSONBytes(trace, headers={"Content-Disposition": content_disposition(f"{job_id}.trace.json", "inline")})

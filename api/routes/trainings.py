@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import get_owner, require_api_key
+from api.params import RequestBody, VersionPath, version_query
 from api.responses import JSONBytes
 from app.jobs import feedback, parameters, training
 from app.jobs.learning import MAX_PAGE
@@ -28,10 +29,11 @@ Runtime = Annotated[LearningRuntime, Depends(learning_runtime)]
 Owner = Annotated[str, Depends(get_owner)]
 
 
-class TrainingCreate(BaseModel):
+class TrainingCreate(RequestBody):
     """The body of ``POST /v1/trainings``."""
 
     model_config = ConfigDict(extra="forbid")
+    data_lists = frozenset({"dataset", "eval_dataset"})
 
     pipeline: str = Field(min_length=1)
     dataset: list[Any] | str | dict[str, Any] = Field(validation_alias=AliasChoices("dataset", "dataset_file_id"))
@@ -48,7 +50,7 @@ class TrainingCreate(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class FeedbackAnswer(BaseModel):
+class FeedbackAnswer(RequestBody):
     """An answer to a human feedback request: free text, and per kind a rubric score, a choice or a ranking."""
 
     model_config = ConfigDict(extra="forbid")
@@ -105,30 +107,31 @@ async def cancel_training(training_id: str, runtime: Runtime, owner: Owner) -> R
 
 # -- parameter versions -----------------------------------------------------------------------------------------
 @router.get("/pipelines/{name}/parameters/versions")
-async def list_versions(name: str, runtime: Runtime) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: parameters.list_versions(s, name)))
+async def list_versions(name: str, runtime: Runtime, owner: Owner) -> Response:
+    return JSONBytes(await in_session(runtime, lambda s: parameters.list_versions(s, name, owner=owner)))
 
 
 @router.get("/pipelines/{name}/parameters/versions/diff")
 async def diff_versions(
     name: str,
     runtime: Runtime,
-    old: Annotated[int, Query(alias="from", ge=1, description="The version to compare from")],
-    new: Annotated[int, Query(alias="to", ge=1, description="The version to compare to")],
+    owner: Owner,
+    old: Annotated[int, version_query("from", "The version to compare from")],
+    new: Annotated[int, version_query("to", "The version to compare to")],
 ) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: parameters.diff_versions(s, name, old, new)))
+    return JSONBytes(await in_session(runtime, lambda s: parameters.diff_versions(s, name, old, new, owner=owner)))
 
 
 @router.get("/pipelines/{name}/parameters/versions/{version}")
-async def get_version(name: str, version: int, runtime: Runtime) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: parameters.get_version(s, name, version)))
+async def get_version(name: str, version: VersionPath, runtime: Runtime, owner: Owner) -> Response:
+    return JSONBytes(await in_session(runtime, lambda s: parameters.get_version(s, name, version, owner=owner)))
 
 
 @router.post("/pipelines/{name}/parameters/versions/{version}/activate")
-async def activate_version(name: str, version: int, runtime: Runtime) -> Response:
+async def activate_version(name: str, version: VersionPath, runtime: Runtime, owner: Owner) -> Response:
     """Roll the pipeline's active parameters to a stored version: later jobs, evaluations and trainings of the
     pipeline use its values."""
-    return JSONBytes(await in_session(runtime, lambda s: parameters.activate_version(s, name, version)))
+    return JSONBytes(await in_session(runtime, lambda s: parameters.activate_version(s, name, version, owner=owner)))
 
 
 # -- human feedback ---------------------------------------------------------------------------------------------

@@ -19,10 +19,18 @@ from app.db.models import (
     ParameterVersion,
     Pipeline,
 )
-from app.db.session import create_db_engine, database_url, make_session_factory, session_scope
+from app.db.session import (
+    DATABASE_UNAVAILABLE,
+    SessionFactory,
+    create_db_engine,
+    database_url,
+    make_session_factory,
+    session_scope,
+)
 
 __all__ = [
     "BATCH_FINAL",
+    "DATABASE_UNAVAILABLE",
     "ITEM_OPEN",
     "JOB_TERMINAL",
     "Base",
@@ -38,6 +46,7 @@ __all__ = [
     "NodeResult",
     "ParameterVersion",
     "Pipeline",
+    "SessionFactory",
     "create_db_engine",
     "database_url",
     "make_session_factory",

@@ -1,6 +1,6 @@
 """The tables of the job platform.
 
-pipelines          registered pipelines: import path, latest traced graph (JSON + hash), parameter state
+pipelines          a pipeline per tenant: import path, latest traced graph (JSON + hash), active parameters
 graph_nodes        the nodes of each traced graph of a pipeline (one row per pipeline/graph hash/node)
 jobs               one submission: status, priority, counts, a timestamp per transition, idempotency key, owner
 items              one input line of a job: unique (job_id, custom_id); input, output or error, status, attempts
@@ -60,10 +60,15 @@ ITEM_OPEN = frozenset({ItemStatus.PENDING, ItemStatus.RUNNING})
 
 
 class Pipeline(Base):
+    """A pipeline as one tenant sees it: each tenant has its own row, so its own active parameters and its own
+    parameter versions; every tenant starts from the pipeline's code (the operator's default)."""
+
     __tablename__ = "pipelines"
+    __table_args__ = (UniqueConstraint("owner", "name"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(300), unique=True)
+    owner: Mapped[str] = mapped_column(String(64), default="anonymous", server_default="anonymous")
+    name: Mapped[str] = mapped_column(String(300))
     import_path: Mapped[str] = mapped_column(String(500))
     graph: Mapped[dict[str, Any] | None] = mapped_column(JSONDoc, nullable=True)
     graph_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -105,6 +110,7 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONDoc, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # what the idempotency key named
     owner: Mapped[str] = mapped_column(String(64), default="anonymous")
     input_file_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     total_items: Mapped[int] = mapped_column(Integer, default=0)

@@ -9,11 +9,18 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import Settings
 
 SQLITE_FILE = "inf-engine.db"
+
+#: the database unreachable (a restart, a failover): callers outside app.db retry on these without naming SQLAlchemy
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+
+#: what makes sessions (callers outside app.db name the type without importing SQLAlchemy)
+SessionFactory = sessionmaker[Session]
 
 
 def database_url(settings: Settings) -> str:

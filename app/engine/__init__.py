@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.engine.async_engine import AsyncEngine, EngineDeadError
+    from app.engine.core.sampling_params import SamplingParams
     from app.engine.llm_engine import EngineConfig, EngineQueueFullError, LLMEngine
     from app.engine.metrics import EngineStats, RequestMetrics
     from app.engine.outputs import CompletionOutput, RequestOutput
-    from app.engine.sampling_params import SamplingParams
     from app.engine.spec_decode import SpeculativeConfig
 
 _EXPORTS: dict[str, str] = {
@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "RequestMetrics": "app.engine.metrics",
     "CompletionOutput": "app.engine.outputs",
     "RequestOutput": "app.engine.outputs",
-    "SamplingParams": "app.engine.sampling_params",
+    "SamplingParams": "app.engine.core.sampling_params",
     "SpeculativeConfig": "app.engine.spec_decode",
 }
 

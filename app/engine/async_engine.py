@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine.core.sampling_params import SamplingParams
 from app.engine.llm_engine import EngineQueueFullError, LLMEngine, PromptInput
 from app.engine.metrics import EngineStats
 from app.engine.outputs import RequestOutput
-from app.engine.sampling_params import SamplingParams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineQueueFullError", "RequestStream"]
 
@@ -106,6 +106,7 @@ class AsyncEngine:
         self.errored: BaseException | None = None
         self.last_step_time: float | None = None  # time.time() of the last completed step
         self.last_heartbeat: float | None = None  # time.time() of the loop's last sign of life, idle or not
+        self.busy_since: float | None = None  # time.time() the engine last went from no request to one (health)
         self.num_steps = 0
 
     @classmethod
@@ -146,7 +147,7 @@ class AsyncEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for request_id in list(self.engine._requests):
+        for request_id in self.engine.unfinished_request_ids():
             self.engine.abort_request(request_id)
         self._fail_all(EngineDeadError("the engine was shut down"))
         if self._executor is not None:
@@ -185,6 +186,8 @@ class AsyncEngine:
         assert self._loop is not None and self._wakeup is not None
         done: asyncio.Future[None] = self._loop.create_future()
         stream = RequestStream(request_id, self)
+        if not self._streams:
+            self.busy_since = time.time()
         self._streams[request_id] = stream
         self._commands.append(_Add(request_id, prompt, sampling_params, priority, time.monotonic(), done))
         self._pending_adds += 1

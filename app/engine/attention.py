@@ -367,10 +367,9 @@ def paged_attention(
     applied). Writes the new K/V into ``kv_cache`` and returns ``[T, heads * head_dim]``, rows in batch order.
     """
     num_tokens, num_heads, head_dim = query.shape
-    num_blocks, block_size, kvh = kv_cache.shape[1], kv_cache.shape[2], kv_cache.shape[3]
+    block_size = kv_cache.shape[2]
     if block_size != meta.block_size:
         raise ValueError(f"cache block size {block_size} != metadata block size {meta.block_size}")
-    group = num_heads // kvh
     write_kv(kv_cache, key, value, meta.slot_mapping)
 
     # Fast path: one sequence, nothing cached (a plain prefill): attend to the new K/V, no cache read.
@@ -381,28 +380,41 @@ def paged_attention(
             value.transpose(0, 1).unsqueeze(0),
             is_causal=True,
             scale=scale,
-            enable_gqa=group > 1,
+            enable_gqa=num_heads // kv_cache.shape[3] > 1,
         )
         return single[0].transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 
-    k_blocks = kv_cache[0].view(num_blocks, -1)  # [num_blocks, block_size * kv_heads * head_dim]
-    v_blocks = kv_cache[1].view(num_blocks, -1)
-    ws = meta.workspace
-    out: torch.Tensor | None = None
-    prefills = meta.prefills
+    out, prefills, complete = _attend_decodes(query, kv_cache, meta, scale)
+    if out is not None and complete:
+        return out
+    if out is None:
+        out = query.new_empty(num_tokens, num_heads * head_dim)
+    _attend_prefills(query, key, value, kv_cache, meta.workspace, prefills, scale, out)
+    return out
+
+
+def _attend_decodes(
+    query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> tuple[torch.Tensor | None, list[_PrefillSeq], bool]:
+    """The decode rows' attention: the C kernel reads their K/V in place (CPU float32); otherwise gather +
+    SDPA per decode group. Returns the output so far (None: no row written yet), the prefills still to
+    attend, and whether the output is already complete."""
+    num_tokens, num_heads, head_dim = query.shape
+    num_blocks, kvh = kv_cache.shape[1], kv_cache.shape[3]
     dec = meta.decode_index
     if dec is not None:
-        # The C kernel reads the decodes' K/V in place (CPU float32); otherwise gather + SDPA below.
         out = query.new_empty(num_tokens, num_heads * head_dim)
         if paged_decode_attention(
             query, kv_cache, dec.block_tables, dec.context_lens, dec.max_context_len, dec.rows, scale, out
         ):
             prefills = [seq for seq in meta.prefills if not seq.in_decode_index]
-            if not prefills:
-                return out
-        else:
-            out = None
-    for dg in meta.decode_groups if out is None else ():
+            return out, prefills, not prefills
+    k_blocks = kv_cache[0].view(num_blocks, -1)  # [num_blocks, block_size * kv_heads * head_dim]
+    v_blocks = kv_cache[1].view(num_blocks, -1)
+    ws = meta.workspace
+    group = num_heads // kvh
+    result: torch.Tensor | None = None
+    for dg in meta.decode_groups:
         n = dg.mask.shape[0]
         k = _gather(k_blocks, dg.block_ids, "k", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
         v = _gather(v_blocks, dg.block_ids, "v", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
@@ -413,20 +425,37 @@ def paged_attention(
         )
         o = o.reshape(n, num_heads * head_dim)
         if dg.rows is None:
-            return o  # the whole batch was this one group
-        if out is None:
-            out = query.new_empty(num_tokens, num_heads * head_dim)
-        out.index_copy_(0, dg.rows, o)
+            return o, meta.prefills, True  # the whole batch was this one group
+        if result is None:
+            result = query.new_empty(num_tokens, num_heads * head_dim)
+        result.index_copy_(0, dg.rows, o)
+    return result, meta.prefills, False
 
-    if out is None:
-        out = query.new_empty(num_tokens, num_heads * head_dim)
+
+def _attend_prefills(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    ws: AttentionWorkspace | None,
+    prefills: list[_PrefillSeq],
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Each prefill's attention into its rows of ``out``: over its new K/V alone when nothing of it is
+    cached, else over its context gathered from the cache."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_blocks, block_size, kvh = kv_cache.shape[1], kv_cache.shape[2], kv_cache.shape[3]
+    k_blocks = kv_cache[0].view(num_blocks, -1)
+    v_blocks = kv_cache[1].view(num_blocks, -1)
+    gqa = num_heads // kvh > 1
     for seq in prefills:
         rows = slice(seq.start, seq.start + seq.q_len)
         q = query[rows].transpose(0, 1).unsqueeze(0)
         if seq.block_ids is None:
             k = key[rows].transpose(0, 1).unsqueeze(0)
             v = value[rows].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=group > 1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
             n = seq.block_ids.numel() * block_size
             k = _gather(k_blocks, seq.block_ids, "k", ws).view(n, kvh, head_dim)[: seq.ctx_len]
@@ -437,7 +466,6 @@ def paged_attention(
                 v.transpose(0, 1).unsqueeze(0),
                 attn_mask=seq.mask,
                 scale=scale,
-                enable_gqa=group > 1,
+                enable_gqa=gqa,
             )
         out[rows] = o[0].transpose(0, 1).reshape(seq.q_len, num_heads * head_dim)
-    return out

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.attention import AttentionMetadata, allocate_kv_cache
+from app.engine.core.scheduler import SchedulerOutput
+from app.engine.core.sequence import Sequence
 from app.engine.models.base import PagedCausalLM
-from app.engine.scheduler import SchedulerOutput
-from app.engine.sequence import Sequence
 
 __all__ = ["ModelRunner", "RunnerTimings", "StepBatch"]
 

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Literal
 import torch
 import torch.nn.functional as F
 
-from app.engine.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from app.engine.sequence import Sequence
+    from app.engine.core.sequence import Sequence
 
 __all__ = [
     "LogprobsMode",

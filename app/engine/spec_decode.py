@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from app.engine.core.scheduler import SchedulerOutput
+from app.engine.core.sequence import Sequence
 from app.engine.sampler import Sampler, SampleResult, SamplingRow, seeded_uniform
-from app.engine.scheduler import SchedulerOutput
-from app.engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from app.engine.model_runner import ModelRunner
@@ -375,6 +375,50 @@ class DraftModelProposer:
         )
         # seq id -> (sequence, its num_preemptions when recorded, tokens whose draft KV is in the cache)
         self._progress: dict[int, tuple[Sequence, int, int]] = {}
+
+    @classmethod
+    def from_config(
+        cls,
+        spec: SpeculativeConfig,
+        *,
+        max_model_len: int,
+        num_blocks: int,
+        block_size: int,
+        target_vocab_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        sampler: Sampler,
+        cache_dir: str | Path | None = None,
+    ) -> DraftModelProposer:
+        """The proposer of a ``draft_model`` config: its ``model`` loaded when it is a path (or used as
+        given), checked to cover the target's ``max_model_len``."""
+        from app.engine.models.base import PagedCausalLM
+
+        draft_model = spec.model
+        if isinstance(draft_model, str | Path):
+            from app.engine.loading import load_model  # deferred: pulls in settings and safetensors
+
+            draft_model, _, _ = load_model(draft_model, dtype=dtype, device=device, cache_dir=cache_dir)
+        if not isinstance(draft_model, PagedCausalLM):
+            raise ValueError(
+                "speculative_config 'model' must be a path or a loaded engine model (PagedCausalLM), "
+                f"got {type(draft_model).__name__}"
+            )
+        draft_len = draft_model.config.max_position_embeddings
+        if draft_len < max_model_len:
+            raise ValueError(
+                f"the draft model's context ({draft_len}) is shorter than max_model_len "
+                f"({max_model_len}); set max_model_len <= {draft_len}"
+            )
+        return cls(
+            draft_model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            target_vocab_size=target_vocab_size,
+            dtype=dtype,
+            device=device,
+            sampler=sampler,
+        )
 
     def _computed(self, seq: Sequence) -> int:
         entry = self._progress.get(seq.seq_id)

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from app import json_limits
+
 CHAT_COMPLETIONS = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 ENDPOINTS = (CHAT_COMPLETIONS, COMPLETIONS)
@@ -82,10 +84,12 @@ def parse_request_lines(content: bytes) -> list[RequestLine]:
 
 def _parse_line(raw: str, number: int) -> RequestLine:
     try:
-        data = json.loads(raw)
+        data = json_limits.loads(raw)
     except json.JSONDecodeError as exc:
         raise BatchFileError(f"line {number} is not valid JSON ({exc.msg} at column {exc.colno})",
                              line=number) from None
+    except json_limits.JSONLimitError as exc:
+        raise BatchFileError(f"line {number}: {exc}", line=number) from None
     if not isinstance(data, dict):
         raise BatchFileError(
             f"line {number} is not a JSON object: each line must be "

@@ -66,7 +66,7 @@ class EvaluationRequest:
 
 def _checked(session: Session, request: EvaluationRequest, owner: str, limits: Limits) -> tuple[Any, dict[str, Any], int]:
     """Check the request as a run would use it; returns the pipeline row, the stored request and its size."""
-    pipeline = registered_pipeline(session, request.pipeline)
+    pipeline = registered_pipeline(session, request.pipeline, owner=owner)
     examples = load_examples(session, request.dataset, owner=owner, limits=limits)
     state = None
     if request.version is not None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app import json_limits
+
 
 class InputFileError(ValueError):
     """The input file is missing or a line is not a valid item; the message names the line."""
@@ -56,7 +58,7 @@ def parse_jsonl(text: str, *, source: str = "input") -> list[BatchItem]:
         if not line.strip():
             continue
         try:
-            item = parse_item(json.loads(line), default_id=str(number))
+            item = parse_item(json_limits.loads(line), default_id=str(number))
         except json.JSONDecodeError as exc:
             raise InputFileError(f"{source}: line {number} is not valid JSON ({exc.msg} at column {exc.colno})") from None
         except ValueError as exc:

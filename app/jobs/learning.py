@@ -25,10 +25,10 @@ MAX_PAGE = 100
 
 
 def check_pipeline(name: Any) -> str:
-    """The import path of a pipeline name, or InvalidJobInput (400) explaining what a name looks like."""
+    """The import path of a registered pipeline name, or InvalidJobInput (400) listing the registered names.
+    Nothing is imported for a name the operator did not register."""
     if not isinstance(name, str) or not name.strip():
-        raise InvalidJobInput("pipeline is required: a 'package.module:Class' path or an example's name",
-                              param="pipeline")
+        raise InvalidJobInput("pipeline is required: the name of a registered pipeline", param="pipeline")
     try:
         load_pipeline_class(name)
     except UnknownPipelineError as exc:
@@ -36,18 +36,22 @@ def check_pipeline(name: Any) -> str:
     return import_path_of(name)
 
 
-def registered_pipeline(session: Session, name: str) -> Pipeline:
-    """The pipeline row of a name (short example names resolve to their import path), creating it once."""
+def registered_pipeline(session: Session, name: str, *, owner: str) -> Pipeline:
+    """The tenant's row of a registered pipeline (short names resolve to their import path), made once."""
     path = check_pipeline(name)
-    return repository.get_or_create_pipeline(session, name=path, import_path=path)
+    return repository.get_or_create_pipeline(session, owner=owner, name=path, import_path=path)
 
 
-def find_pipeline(session: Session, name: str) -> Pipeline:
-    """An existing pipeline row, or 404: reading versions must not register a pipeline."""
-    pipeline = repository.get_pipeline_by_name(session, name=import_path_of(name))
+def find_pipeline(session: Session, name: str, *, owner: str) -> Pipeline:
+    """The tenant's existing pipeline row, or 404: reading versions must not register a pipeline."""
+    try:
+        path = import_path_of(name)
+    except UnknownPipelineError as exc:
+        raise JobNotFound(str(exc), param="pipeline", code="pipeline_not_found") from None
+    pipeline = repository.get_pipeline_by_name(session, owner=owner, name=path)
     if pipeline is None:
-        raise JobNotFound(f"no pipeline {name!r} is registered: submit a job, a training or an evaluation of it "
-                          "first", param="pipeline", code="pipeline_not_found")
+        raise JobNotFound(f"pipeline {name!r} has no parameter versions yet: submit a job, a training or an "
+                          "evaluation of it first", param="pipeline", code="pipeline_not_found")
     return pipeline
 
 

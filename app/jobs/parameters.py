@@ -1,4 +1,4 @@
-"""Parameter versions of a pipeline: the history, the difference between two versions, and activating (rolling
+"""Parameter versions of a pipeline, per tenant: the history, the difference between two versions, and activating (rolling
 back to) one, after which jobs, evaluations and trainings of the pipeline start from its values."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def version_view(row: ParameterVersion, pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
-def list_versions(session: Session, name: str) -> dict[str, Any]:
-    pipeline = find_pipeline(session, name)
+def list_versions(session: Session, name: str, *, owner: str) -> dict[str, Any]:
+    pipeline = find_pipeline(session, name, owner=owner)
     rows = repository.parameter_versions(session, pipeline_id=pipeline.id)
     return {
         "object": "list",
@@ -54,14 +54,14 @@ def _version(session: Session, pipeline: Pipeline, version: int, param: str = "v
     return row
 
 
-def get_version(session: Session, name: str, version: int) -> dict[str, Any]:
-    pipeline = find_pipeline(session, name)
+def get_version(session: Session, name: str, version: int, *, owner: str) -> dict[str, Any]:
+    pipeline = find_pipeline(session, name, owner=owner)
     return version_view(_version(session, pipeline, version), pipeline)
 
 
-def diff_versions(session: Session, name: str, old: int, new: int) -> dict[str, Any]:
+def diff_versions(session: Session, name: str, old: int, new: int, *, owner: str) -> dict[str, Any]:
     """Every parameter whose value differs between versions ``old`` and ``new``, with a unified diff of text."""
-    pipeline = find_pipeline(session, name)
+    pipeline = find_pipeline(session, name, owner=owner)
     before = _version(session, pipeline, old, "from").state or {}
     after = _version(session, pipeline, new, "to").state or {}
     changes = []
@@ -81,8 +81,9 @@ def diff_versions(session: Session, name: str, old: int, new: int) -> dict[str, 
     }
 
 
-def activate_version(session: Session, name: str, version: int) -> dict[str, Any]:
-    pipeline = find_pipeline(session, name)
+def activate_version(session: Session, name: str, version: int, *, owner: str) -> dict[str, Any]:
+    """Make a stored version the tenant's active parameters (other tenants keep theirs)."""
+    pipeline = find_pipeline(session, name, owner=owner)
     row = _version(session, pipeline, version)
     pipeline = repo.activate_parameter_version(session, pipeline_id=pipeline.id, version=version)
     return version_view(row, pipeline)

@@ -5,23 +5,22 @@ build the objects of ``app.pipeline.optimization`` from it. Loss specs:
 
 * ``{"type": "verifier", "check": "exact"|"contains"|"regex"|"number", "field": "verdict", "case_sensitive": false,
   "pattern": "..."}``: code compares the output (or one field of a dict output) with the example's target;
-  ``{"type": "verifier", "function": "pkg.module:fn"}`` uses your own verifier function instead;
+  ``{"type": "verifier", "function": "name"}`` uses a verifier function the operator registered instead;
 * ``{"type": "rubric", "criteria": "...", "rubric": {"1": "poor", "5": "excellent"}, "alias": "judge"}``;
 * ``{"type": "judge", "criteria": "...", "alias": "judge"}`` (critique, no score);
 * ``{"type": "preference", "criteria": "...", "alias": "judge"}`` (the output against the target as baseline);
 * ``{"type": "composite", "losses": [{"loss": {...}, "weight": 0.3}, ...]}``;
 * ``{"type": "human", "kind": "freeform"|"rubric"|"preference", "criteria": "...", "rubric": {...}}`` (trainings
   only: the questions appear at ``GET /v1/feedback/pending`` and are answered with ``POST /v1/feedback/{id}``);
-* ``{"type": "python", "path": "pkg.module:make_loss", "options": {...}}``: a Loss instance, a Loss subclass or a
-  factory returning one, built with ``options`` as keyword arguments.
+* ``{"type": "python", "name": "my-loss", "options": {...}}``: a loss the operator registered (``app.jobs.registry``:
+  a Loss instance, a Loss subclass or a factory returning one, built with ``options`` as keyword arguments).
 
 A metric (evaluations) is the name of a verifier check (``"exact"``, ``"contains"``, ``"regex"``, ``"number"``)
-or the import path of a verifier function.
+or of a verifier function the operator registered. Nothing a request names is imported.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import re
@@ -29,8 +28,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app import json_limits
 from app.jobs.errors import InvalidJobInput, PayloadTooLarge
 from app.jobs.inputs import InputFileError
+from app.jobs.registry import UnknownNameError, current_registry
 from app.pipeline.optimization import (
     CompositeLoss,
     Example,
@@ -95,9 +96,11 @@ def examples_from_jsonl(text: str, *, source: str, param: str, max_items: int) -
         if not line.strip():
             continue
         try:
-            values.append(json.loads(line))
+            values.append(json_limits.loads(line))
         except json.JSONDecodeError as exc:
             raise InvalidJobInput(f"{source}: line {number} is not valid JSON ({exc.msg})", param=param) from None
+        except json_limits.JSONLimitError as exc:
+            raise InvalidJobInput(f"{source}: line {number}: {exc}", param=param) from None
     if not values:
         raise InvalidJobInput(f"{source} has no examples", param=param)
     return parse_examples(values, param=param, max_items=max_items)
@@ -128,10 +131,18 @@ def loss_spec_of(loss: Any, metric: Any, *, param: str = "loss") -> dict[str, An
         raise InvalidJobInput("give exactly one of 'loss' (a loss spec) or 'metric' (e.g. \"exact\")", param=param)
     if metric is not None:
         if not isinstance(metric, str) or not metric.strip():
-            raise InvalidJobInput(f"metric must be one of {', '.join(CHECKS)} or a 'package.module:function' "
-                                  "verifier path", param="metric")
+            raise InvalidJobInput(f"metric must be one of {', '.join(CHECKS)} or the name of a registered verifier",
+                                  param="metric")
         metric = metric.strip()
-        return {"type": "verifier", "function": metric} if ":" in metric else {"type": "verifier", "check": metric}
+        if metric in CHECKS:
+            return {"type": "verifier", "check": metric}
+        registry = current_registry()
+        if metric not in registry.metrics:
+            raise InvalidJobInput(
+                f"unknown metric {metric!r}: registered metrics: {', '.join([*CHECKS, *sorted(registry.metrics)])} "
+                "(an operator registers more with INF_ENGINE_PIPELINE_MODULES or an 'inf_engine.metrics' entry point)",
+                param="metric", code="unknown_metric")
+        return {"type": "verifier", "function": metric}
     if not isinstance(loss, Mapping):
         raise InvalidJobInput("loss must be an object such as {\"type\": \"verifier\", \"check\": \"exact\"}",
                               param=param)
@@ -173,7 +184,7 @@ def _text(spec: Mapping[str, Any], key: str, param: str, *, required: bool = Tru
 def _verifier(spec: Mapping[str, Any], param: str) -> VerifierLoss:
     function = spec.get("function")
     if function is not None:
-        target = _import(str(function), f"{param}.function", param)
+        target = _registered("metric", function, param)
         if not callable(target):
             raise InvalidJobInput(f"{param}.function {function!r} is not a function", param=param)
         return VerifierLoss(target)
@@ -335,11 +346,12 @@ def _human(spec: Mapping[str, Any], human: HumanSourceFactory, param: str) -> Bu
 
 
 def _python_loss(spec: Mapping[str, Any], param: str) -> Loss:
-    path = _text(spec, "path", param)
+    # "path" is the field's older name; either way it is a registered name, never imported
+    path = _text(spec, "name" if "name" in spec else "path", param)
     options = spec.get("options") or {}
     if not isinstance(options, Mapping):
         raise InvalidJobInput(f"{param}.options must be an object of keyword arguments", param=param)
-    target = _import(str(path), f"{param}.path", param)
+    target = _registered("loss", path, param)
     if isinstance(target, Loss):
         if options:
             raise InvalidJobInput(f"{param}.path names a Loss instance, which takes no options", param=param)
@@ -356,19 +368,12 @@ def _python_loss(spec: Mapping[str, Any], param: str) -> Loss:
                           param=param)
 
 
-def _import(path: str, where: str, param: str) -> Any:
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidJobInput(f"{where} must be an import path like 'package.module:name', got {path!r}", param=param)
+def _registered(kind: str, name: Any, param: str) -> Any:
+    registry = current_registry()
     try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidJobInput(f"{where}: cannot import {module_name!r} ({exc})", param=param) from None
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise InvalidJobInput(f"{where}: {module_name!r} has no attribute {attr!r}", param=param)
-        target = getattr(target, part)
-    return target
+        return registry.loss(name) if kind == "loss" else registry.metric(name)
+    except UnknownNameError as exc:
+        raise InvalidJobInput(f"{param}: {exc}", param=param, code=f"unknown_{kind}") from None
 
 
 # -- optimizers -------------------------------------------------------------------------------------------------

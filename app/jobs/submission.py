@@ -4,6 +4,8 @@ submission writes nothing."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -49,13 +51,14 @@ def submit_job(
 ) -> tuple[Job, bool]:
     """``(job, created)``. A known idempotency key returns the job it created first, with ``created`` False."""
     limits = limits or Limits()
+    fingerprint = request_fingerprint(request)
     if request.idempotency_key:
         existing = repository.find_job_by_idempotency_key(session, owner=owner, key=request.idempotency_key)
         if existing is not None:
-            return _same_request(existing, request), False
+            return _same_request(existing, request, fingerprint), False
     import_path = _check_pipeline(request.pipeline)
     items = _read_items(session, request, owner, limits)
-    pipeline = repository.get_or_create_pipeline(session, name=import_path, import_path=import_path)
+    pipeline = repository.get_or_create_pipeline(session, owner=owner, name=import_path, import_path=import_path)
     graph_hashes = _trace_items(session, pipeline, request.pipeline, items)
     job_id = new_job_id()
     try:
@@ -63,14 +66,14 @@ def submit_job(
             job = repository.create_job(
                 session, job_id=job_id, pipeline_id=pipeline.id, pipeline_name=request.pipeline,
                 total_items=len(items), priority=request.priority, metadata=request.metadata,
-                idempotency_key=request.idempotency_key or None, owner=owner,
+                idempotency_key=request.idempotency_key or None, request_hash=fingerprint, owner=owner,
                 input_file_id=request.input_file_id, kind=kind, expires_at=expires_at,
             )
     except IntegrityError:
         existing = repository.find_job_by_idempotency_key(session, owner=owner, key=request.idempotency_key or "")
         if existing is None:
             raise
-        return _same_request(existing, request), False
+        return _same_request(existing, request, fingerprint), False
     rows = [
         {"custom_id": item.custom_id, "position": position, "input": encode_item_input(item),
          "graph_hash": graph_hashes[position]}
@@ -80,20 +83,29 @@ def submit_job(
     return job, True
 
 
-def _same_request(job: Job, request: JobRequest) -> Job:
-    if job.pipeline_name != request.pipeline:
+def request_fingerprint(request: JobRequest) -> str:
+    """A hash of everything an idempotency key stands for (Stripe's rule: the same key means the same body)."""
+    body = {"pipeline": request.pipeline, "inputs": request.inputs, "input_file_id": request.input_file_id,
+            "priority": request.priority, "metadata": request.metadata}
+    text = json.dumps(body, sort_keys=True, ensure_ascii=False, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _same_request(job: Job, request: JobRequest, fingerprint: str) -> Job:
+    # jobs stored before request hashes existed are compared by pipeline only
+    differs = job.request_hash != fingerprint if job.request_hash else job.pipeline_name != request.pipeline
+    if differs:
         raise JobConflict(
-            f"the idempotency key {request.idempotency_key!r} was already used for job {job.id} of pipeline "
-            f"{job.pipeline_name!r}; use a new key for a different submission",
-            param="idempotency_key",
+            f"the idempotency key {request.idempotency_key!r} was already used for job {job.id} with a different "
+            "request body; send the same body to get that job back, or use a new key for a new submission",
+            param="idempotency_key", code="idempotency_key_reused",
         )
     return job
 
 
 def _check_pipeline(name: str) -> str:
     if not name or not name.strip():
-        raise InvalidJobInput("pipeline is required: a 'package.module:Class' path or an example's name",
-                              param="pipeline")
+        raise InvalidJobInput("pipeline is required: the name of a registered pipeline", param="pipeline")
     try:
         load_pipeline_class(name)
     except UnknownPipelineError as exc:

@@ -76,7 +76,7 @@ def submit_training(session: Session, request: TrainingRequest, *, owner: str = 
     if not 1 <= request.batch_size <= MAX_BATCH:
         raise InvalidJobInput(f"batch_size must be between 1 and {MAX_BATCH}, not {request.batch_size}",
                               param="batch_size")
-    pipeline = registered_pipeline(session, request.pipeline)
+    pipeline = registered_pipeline(session, request.pipeline, owner=owner)
     examples = load_examples(session, request.dataset, owner=owner, limits=limits)
     module = module_for(pipeline)
     check_examples_fit(module, examples, request.pipeline)

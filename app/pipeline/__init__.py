@@ -17,9 +17,9 @@ from app.pipeline.execution import (
     run,
 )
 from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode
+from app.pipeline.llm import LLMInference
 from app.pipeline.module import (
     InferenceModule,
-    LLMInference,
     Module,
     ModuleDict,
     ModuleList,

@@ -12,11 +12,13 @@ import builtins
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-from app.pipeline.tracing.context import get_active_tracer
+from app.pipeline.context import get_active_tracer
+from app.pipeline.ops import OPS, install_namespace, register
 from app.pipeline.values import (
     Value,
     ValueKind,
@@ -30,9 +32,6 @@ from app.pipeline.values import (
 
 _MISSING: Any = object()
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
-
-#: op name ("F.render") -> (eager implementation, whether it accepts ERROR inputs)
-OPS: dict[str, tuple[Callable[..., Any], bool]] = {}
 
 
 class OpError(ValueError):
@@ -71,7 +70,7 @@ def _op(name: str, *, handles_errors: bool = False) -> Callable[[_Fn], _Fn]:
     full = f"F.{name}"
 
     def decorate(impl: _Fn) -> _Fn:
-        OPS[full] = (impl, handles_errors)
+        register(full, impl, handles_errors)
 
         @wraps(impl)
         def op(*args: Any, **kwargs: Any) -> Value:
@@ -439,3 +438,7 @@ def zip_values(*batches: Any) -> Value:
 def stack_structured(values: Any) -> Value:
     items = unwrap(values) if not isinstance(values, list | tuple) else values
     return Value(ValueKind.STRUCTURED, [unwrap(v) for v in items])
+
+
+# Values index through F.select (value["key"]) by way of the op registry, which values sit below.
+install_namespace(sys.modules[__name__])

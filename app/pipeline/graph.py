@@ -63,7 +63,7 @@ class GraphNode:
 
 def _node_kind(module: Any) -> str:
     """``input``, ``op`` (F.*), ``llm`` (an LLMInference) or ``module`` (a leaf module's Python forward)."""
-    from app.pipeline.module import LLMInference
+    from app.pipeline.llm import LLMInference
 
     if isinstance(module, InputNode):
         return "input"

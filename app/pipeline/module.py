@@ -8,15 +8,32 @@ traces and runs it (or an async iterator of ``BatchResult`` when streaming); oth
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
+from app.pipeline.context import get_active_tracer
 from app.pipeline.parameter import Parameter
-from app.pipeline.tracing.context import get_active_tracer
 from app.pipeline.values import ValueKind
 
 if TYPE_CHECKING:
     from app.pipeline.optimization.types import BackwardContext, BackwardResult
+
+#: what ``module(...)`` returns when resources are available, given ``(module, args, kwargs)``: the runtime
+#: (``app.pipeline.execution``, which builds on modules) installs it with ``install_runner``.
+Runner = Callable[["Module", tuple[Any, ...], dict[str, Any]], Any]
+_runner: Runner | None = None
+
+
+def install_runner(runner: Runner) -> None:
+    """Set what runs a module called with resources (``app.pipeline.execution`` installs ``call_module``)."""
+    global _runner
+    _runner = runner
+
+
+def _run(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if _runner is None:
+        raise RuntimeError("no pipeline runtime is installed: import app.pipeline (or app.pipeline.execution)")
+    return _runner(module, args, kwargs)
 
 
 class Module:
@@ -199,9 +216,7 @@ class Module:
 
         settings = get_execution_settings()
         if self._bound_resources is not None or (settings is not None and settings.resources is not None):
-            from app.pipeline.execution.executor import call_module
-
-            return call_module(self, args, kwargs)
+            return _run(self, args, kwargs)
         return self.forward(*args, **kwargs)
 
     def run_sync(self, *args: Any, **kwargs: Any) -> Any:
@@ -212,10 +227,9 @@ class Module:
             pass
         else:
             raise RuntimeError("run_sync() cannot be used inside a running event loop; use `await module(...)`")
-        from app.pipeline.execution.executor import call_module
 
         async def main() -> Any:
-            result = call_module(self, args, {**kwargs, "streaming": False})
+            result = _run(self, args, {**kwargs, "streaming": False})
             return await result
 
         return asyncio.run(main())
@@ -235,61 +249,6 @@ class Module:
 
 
 InferenceModule = Module
-
-
-class LLMInference(Module):
-    """One LLM call. ``alias`` is mapped to an endpoint by ``ResourceConfig`` at run time."""
-
-    is_leaf = True
-
-    def __init__(
-        self,
-        alias: str,
-        system_prompt: str | Parameter = "",
-        temperature: float = 1.0,
-        max_tokens: int | None = None,
-        response_format: type | None = None,
-    ) -> None:
-        super().__init__()
-        if not alias or not isinstance(alias, str):
-            raise ValueError("LLMInference needs an alias (a key of your ResourceConfig), e.g. alias='fast'")
-        if max_tokens is not None and max_tokens <= 0:
-            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-        self.alias = alias
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.response_format = response_format
-        if isinstance(system_prompt, Parameter):
-            self.system_prompt = system_prompt
-        else:
-            # frozen, but described, so that requires_grad_(True) can make it learnable like any other prompt
-            self.system_prompt = Parameter(
-                system_prompt, description=f"System prompt of the LLM call (alias {alias!r})", requires_grad=False
-            )
-
-    def node_config(self) -> dict[str, Any]:
-        fmt = self.response_format
-        return {
-            "alias": self.alias,
-            "system_prompt": str(self.system_prompt.value),
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "response_format": f"{fmt.__module__}:{fmt.__qualname__}" if fmt is not None else None,
-        }
-
-    def output_kind(self) -> ValueKind:
-        return ValueKind.STRUCTURED if self.response_format is not None else ValueKind.RESPONSE
-
-    def forward(self, prompt: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            "LLMInference runs through the runtime, not forward(): bind resources (module.bind(resources=...)) "
-            "or use `async with ExecutionSettings(resources=...)`, then `await module(prompt)`"
-        )
-
-    async def backward(self, feedback: Any, ctx: BackwardContext) -> BackwardResult:
-        from app.pipeline.optimization.backward import llm_backward
-
-        return await llm_backward(self, feedback, ctx)
 
 
 # -- containers -----------------------------------------------------------------------------------------------

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from app.pipeline.values import Value, ValueKind, _infer_kind
 
-if TYPE_CHECKING:
-    from app.pipeline.module import Module
+
+class ParameterOwner(Protocol):
+    """The module a parameter is attached to (``app.pipeline.module.Module``), as far as the parameter needs it."""
+
+    _module_state_version: int
+
+    def _path(self) -> str: ...
+
+    def _bump_state_version(self) -> None: ...
 
 
 class Parameter:
@@ -24,7 +31,7 @@ class Parameter:
         self.description = description
         self.requires_grad = requires_grad
         self._name: str | None = None
-        self._parent: Module | None = None
+        self._parent: ParameterOwner | None = None
         self._id = uuid.uuid4().hex[:12]
         self._feedback: list[str] = []
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
+
+from app.pipeline.context import get_active_tracer
+from app.pipeline.ops import public_op
 
 
 class ValueKind(str, Enum):
@@ -43,20 +46,14 @@ class Value:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, key: Any) -> Value:
-        from app.pipeline import functional as F
-
-        return F.select(self, key)
+        return public_op("select")(self, key)
 
     def get(self, key: Any, default: Any = None) -> Value:
-        from app.pipeline import functional as F
-
-        return F.select(self, key, default)
+        return public_op("select")(self, key, default)
 
     def __iter__(self) -> Iterator[Any]:
         # Without this, iter() would fall back to __getitem__(0), (1), ... which never raises IndexError (missing
         # keys are ERROR Values): `for x in value` and list(value) would loop forever.
-        from app.pipeline.tracing.context import get_active_tracer
-
         tracer = get_active_tracer()
         if tracer is not None and self.ref is not None and tracer.owns_ref(self.ref):
             raise TypeError(
@@ -77,8 +74,6 @@ class Value:
     def __str__(self) -> str:
         # Inside a trace the payload does not exist yet: hand out a placeholder that the tracer turns into an
         # F.render node when the string reaches a module call or an output (never the Value's repr).
-        from app.pipeline.tracing.context import get_active_tracer
-
         tracer = get_active_tracer()
         if tracer is not None and self.ref is not None and tracer.owns_ref(self.ref):
             return tracer.placeholder_for(self)
@@ -89,8 +84,6 @@ class Value:
     def __repr__(self) -> str:
         # f"{v!r}" (or a container of Values formatted into a string) inside a trace must not bake this repr into
         # a prompt: it becomes the same placeholder as str(v), rendered later with the real payload.
-        from app.pipeline.tracing.context import get_active_tracer
-
         tracer = get_active_tracer()
         if tracer is not None and self.ref is not None and tracer.owns_ref(self.ref):
             return tracer.placeholder_for(self)
@@ -98,8 +91,6 @@ class Value:
 
     def __format__(self, spec: str) -> str:
         if spec:
-            from app.pipeline.tracing.context import get_active_tracer
-
             tracer = get_active_tracer()
             if tracer is not None and self.ref is not None and tracer.owns_ref(self.ref):
                 raise TypeError(
@@ -110,8 +101,6 @@ class Value:
         return self.__str__()
 
     def __bool__(self) -> bool:
-        from app.pipeline.tracing.context import get_active_tracer
-
         tracer = get_active_tracer()
         if tracer is not None and self.ref is not None and tracer.owns_ref(self.ref):
             raise TypeError(
@@ -149,16 +138,26 @@ def _infer_kind(x: Any) -> ValueKind:
     return ValueKind.OTHER
 
 
-def valueify(x: Any, kind: ValueKind | None = None) -> Any:
-    """Wrap raw data into Values: containers become containers of Values unless ``kind`` is given."""
-    from app.pipeline.parameter import Parameter
+class LiftsToValue(Protocol):
+    """What lifts itself into a Value (a ``Parameter``: its value, with ref ``param:<dotted.name>``)."""
 
+    def as_value(self, kind: ValueKind | None = None) -> Value: ...
+
+
+def _lifts_to_value(x: Any) -> bool:
+    return callable(getattr(type(x), "as_value", None))
+
+
+def valueify(x: Any, kind: ValueKind | None = None) -> Any:
+    """Wrap raw data into Values: containers become containers of Values unless ``kind`` is given. A Parameter
+    (anything with ``as_value``, see ``LiftsToValue``) lifts itself."""
     if isinstance(x, Value):
         if kind is not None and kind is not x.kind:
             return Value(kind, x.payload, x.ref, dict(x.meta))
         return x
-    if isinstance(x, Parameter):
-        return x.as_value(kind)
+    if _lifts_to_value(x):
+        lifted: LiftsToValue = x
+        return lifted.as_value(kind)
     if kind is not None:
         return Value(kind, x)
     if isinstance(x, dict):

@@ -1,7 +1,7 @@
 """The OpenAI-compatible serving logic: request schemas, parameter mapping, response shapes, metrics, logs.
 
 Knows no HTTP framework: ``api/`` parses, authorises and calls :class:`OpenAIServing`, which talks to one
-:class:`~app.engine.backends.Backend`.
+:class:`~app.serving.backends.Backend`.
 """
 
 from app.serving.errors import APIError

@@ -24,13 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from app.engine.backends.base import (
-    BackendError,
-    BackendUnavailableError,
-    GenerationRequest,
-    QueueFullError,
-)
-from app.engine.backends.local import default_served_name
 from app.pipeline.resources import (
     ConfigurationError,
     EndpointConfig,
@@ -43,14 +36,21 @@ from app.pipeline.resources import (
     TransientError,
     register_client_factory,
 )
+from app.serving.backends.base import (
+    BackendError,
+    BackendUnavailableError,
+    GenerationRequest,
+    QueueFullError,
+)
+from app.serving.backends.local import default_served_name
 from app.serving.errors import APIError
 from app.serving.openai_serving import _messages
 from app.serving.params import chat_sampling_params
 from app.serving.schemas import ChatCompletionRequest
 
 if TYPE_CHECKING:
-    from app.engine.backends.native import NativeBackend
     from app.engine.llm_engine import LLMEngine
+    from app.serving.backends.native import NativeBackend
 
 __all__ = [
     "PROVIDER",
@@ -164,7 +164,7 @@ class EmbeddedEngine:
 
     async def _rebuild(self, weights: LLMEngine, loop: asyncio.AbstractEventLoop) -> NativeBackend:
         from app.engine.async_engine import AsyncEngine
-        from app.engine.backends.native import NativeBackend
+        from app.serving.backends.native import NativeBackend
 
         old = self._backend
         if old is not None and old.engine is not None:

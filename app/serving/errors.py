@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.engine.backends.base import BackendError
+from app.json_limits import too_deep_message
+from app.serving.backends.base import BackendError
 
 
 class APIError(Exception):
@@ -48,6 +49,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def too_deep() -> APIError:
+    """The 400 of a JSON value nested deeper than ``MAX_JSON_DEPTH``."""
+    return bad_request(f"The request body is invalid: {too_deep_message()}.", code="json_too_deep")
+
+
 def unauthorized(message: str) -> APIError:
     return APIError(401, message, type="invalid_request_error", code="invalid_api_key")
 
@@ -81,6 +87,15 @@ def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> APIError:
         return bad_request("the request body is invalid")
     first = errors[0]
     kind = str(first.get("type", ""))
+    if kind in ("json_too_deep", "json_integer_too_large", "json_invalid_unicode"):  # app.json_limits: ctx["loc"]
+        param = _loc_to_param(tuple((first.get("ctx") or {}).get("loc", ())))
+        where = f" (in '{param}')" if param else ""
+        return bad_request(f"The request body is invalid: {first.get('msg')}{where}.", param=param, code=kind)
+    if kind == "json_invalid" and "recursion limit" in str(first.get("ctx", "")):  # pydantic's own JSON parser
+        return too_deep()
+    if kind == "nul_character":
+        return bad_request(f"Invalid value: {first.get('msg')}", param=_loc_to_param(first.get("loc", ())),
+                           code="nul_character")
     if kind in ("json_invalid", "json_type"):
         return bad_request(
             "The request body is not valid JSON: send a JSON object with Content-Type: application/json.",

@@ -20,7 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.engine.backends.base import EngineStats
+from app.serving.backends.base import EngineStats
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics"]
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from app.engine.backends.base import (
+from app.serving.backends.base import (
     Backend,
     BackendError,
     ClosingStream,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.engine.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams
 from app.serving.errors import APIError, bad_request
 from app.serving.schemas import ChatCompletionRequest, CompletionRequest
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app import json_limits
 
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -22,12 +24,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, protected_namespaces=())
 
 
+class _Request(_Body):
+    """A whole request body: within ``app.json_limits`` (nesting depth, 64-bit integers), checked once at the top."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_json_limits(cls, data: Any) -> Any:
+        return json_limits.validate(data)
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _SamplingFields(_Body):
+class _SamplingFields(_Request):
     model: str | None = None
     max_tokens: int | None = Field(default=None, le=_INT_MAX)
     temperature: Float | None = None
@@ -100,7 +111,7 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -108,6 +119,6 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(_Request):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0, le=_INT_MAX)]]

@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from api.main import create_app
-from app.engine.backends.base import Backend, BackendError, GenerationRequest, QueueFullError
-from app.engine.backends.openai_proxy import OpenAIProxyBackend
-from app.engine.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams
+from app.serving.backends.base import Backend, BackendError, GenerationRequest, QueueFullError
+from app.serving.backends.openai_proxy import OpenAIProxyBackend
 from app.settings import Settings
 from app.testing import FakeLLMServer
 from tests.unit.serving.server_helpers import ServerThread, build_tiny_llama, make_backend, native_available
@@ -208,7 +208,7 @@ def test_vllm_managed_subprocess() -> None:
     settings = Settings()
     if settings.vllm_python is None:
         pytest.skip("set INF_ENGINE_VLLM_PYTHON to a Python with vLLM to run the vllm backend test")
-    from app.engine.backends.vllm import VLLMBackend
+    from app.serving.backends.vllm import VLLMBackend
 
     backend = VLLMBackend(
         python=settings.vllm_python,

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from api.main import create_app
-from app.engine.backends.base import Backend
+from app.serving.backends.base import Backend
 from app.settings import Settings
 from tests.unit.serving.server_helpers import ServerThread, build_tiny_llama, make_backend, native_available
 from tests.unit.serving.strategies import chat_bodies, completion_bodies
@@ -300,6 +300,7 @@ def test_health_is_503_when_the_engine_loop_is_dead_or_stalled(server: ServerThr
     # Work waiting and no step within the stall limit: simulated with a pending stream and a limit below zero
     # (any heartbeat is then too old), so the live loop's own heartbeats cannot race the check.
     engine._streams["stuck"] = object()
+    busy_since, engine.busy_since = engine.busy_since, time.time()  # as add_request marks the work's arrival
     limit = backend.health_stall_seconds  # type: ignore[attr-defined]
     backend.health_stall_seconds = -1.0  # type: ignore[attr-defined]
     try:
@@ -307,6 +308,7 @@ def test_health_is_503_when_the_engine_loop_is_dead_or_stalled(server: ServerThr
         assert r.status_code == 503 and "no step" in r.json()["error"]["message"]
     finally:
         del engine._streams["stuck"]
+        engine.busy_since = busy_since
         backend.health_stall_seconds = limit  # type: ignore[attr-defined]
     assert httpx.get(f"{server.root}/health").status_code == 200
 

@@ -25,6 +25,7 @@ def create_job(
     priority: int = 0,
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
+    request_hash: str | None = None,
     owner: str = "anonymous",
     input_file_id: str | None = None,
     kind: str = "pipeline",
@@ -32,7 +33,8 @@ def create_job(
 ) -> Job:
     job = Job(
         id=job_id, kind=kind, pipeline_id=pipeline_id, pipeline_name=pipeline_name, status=JobStatus.QUEUED,
-        priority=priority, metadata_=metadata or {}, idempotency_key=idempotency_key, owner=owner,
+        priority=priority, metadata_=metadata or {}, idempotency_key=idempotency_key, request_hash=request_hash,
+        owner=owner,
         input_file_id=input_file_id, total_items=total_items, expires_at=expires_at,
     )
     session.add(job)

@@ -1,6 +1,7 @@
-"""The statements one node task runs, on the hot path of the distributed executor: built once (Core, on the
-tables, with bound parameters), so a task pays for neither building SQL expressions nor the ORM's bookkeeping.
-A worker runs several of these per node at hundreds of nodes per second."""
+"""The Core statements of the node store (:mod:`app.db.repository.node_store`): built once (on the tables, with
+bound parameters), so a node task pays for neither building SQL expressions nor the ORM's bookkeeping. Each
+function runs in the caller's transaction; :class:`~app.db.repository.node_store.core.CoreNodeStore` composes
+them into the store's operations, and the sweeper finishes items with :func:`finish_item`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, Table, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -26,6 +25,7 @@ from app.db.models import (
     NodeTask,
     NodeTaskStatus,
 )
+from app.db.repository.node_store.protocol import ItemEnd, ItemEnder, ItemMetrics, JobProgress, NodeValue
 from app.db.repository.node_tasks import NodeTaskRef
 
 _T: Table = NodeTask.__table__  # type: ignore[assignment]
@@ -36,6 +36,7 @@ _M: Table = JobMetrics.__table__  # type: ignore[assignment]
 _OPEN_JOB = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
 _OPEN_ITEM = [s.value for s in ITEM_OPEN]
 _UNFINISHED = [NodeTaskStatus.WAITING.value, NodeTaskStatus.QUEUED.value, NodeTaskStatus.RUNNING.value]
+_QUEUED = NodeTaskStatus.QUEUED.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,17 +290,7 @@ def item_values(session: Session, *, item_id: int) -> dict[str, Any]:
     return {node_id: value for node_id, value in _conn(session).execute(_VALUES, {"b_item": item_id})}
 
 
-def store_result(
-    session: Session,
-    *,
-    job_id: str,
-    item_id: int,
-    node_id: str,
-    value: Any,
-    duration_ms: float,
-    attempt: int,
-    now: datetime,
-) -> bool:
+def store_result(session: Session, value: NodeValue) -> bool:
     """``INSERT ... ON CONFLICT DO NOTHING`` of the node's result and its row marked done; False when another
     delivery had stored it (the row is done either way)."""
     inserted = (
@@ -307,18 +298,18 @@ def store_result(
         .execute(
             _insert_result(session),
             {
-                "job_id": job_id,
-                "item_id": item_id,
-                "node_id": node_id,
-                "value": value,
-                "duration_ms": duration_ms,
-                "attempt": attempt,
-                "created_at": now,
+                "job_id": value.job_id,
+                "item_id": value.item_id,
+                "node_id": value.node_id,
+                "value": value.value,
+                "duration_ms": value.duration_ms,
+                "attempt": value.attempt,
+                "created_at": value.now,
             },
         )
         .first()
     )
-    _conn(session).execute(_DONE, {"b_item": item_id, "b_node": node_id, "b_now": now})
+    _conn(session).execute(_DONE, {"b_item": value.item_id, "b_node": value.node_id, "b_now": value.now})
     return inserted is not None
 
 
@@ -337,32 +328,24 @@ def release(
         "b_now": now,
     }
     rows = _conn(session).execute(_RELEASE, params)
-    return [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in rows if r[6] == "queued"]
+    return [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in rows if r[6] == _QUEUED]
 
 
 def job_status(session: Session, *, job_id: str) -> str | None:
     return _conn(session).execute(_JOB_STATUS, {"b_job": job_id}).scalar_one_or_none()
 
 
+def lock_open_item(session: Session, *, item_id: int) -> bool:
+    """Lock the item's row and tell whether it is open."""
+    return _conn(session).execute(_LOCK_ITEM, {"b_item": item_id}).scalar_one_or_none() in _OPEN_ITEM
+
+
 def lock_item_if_done(session: Session, *, item_id: int) -> bool:
     """Lock the item's row, then tell whether it is open with every node stored. The lock comes first: of two
     workers storing an item's last two nodes at once, the second waits and then sees the first one's node."""
-    status = _conn(session).execute(_LOCK_ITEM, {"b_item": item_id}).scalar_one_or_none()
-    if status not in _OPEN_ITEM:
+    if not lock_open_item(session, item_id=item_id):
         return False
     return not _conn(session).execute(_COUNT_UNFINISHED, {"b_item": item_id}).scalar_one()
-
-
-@dataclass(frozen=True, slots=True)
-class JobProgress:
-    completed: int
-    failed: int
-    cancelled: int
-    total: int
-
-    @property
-    def finished(self) -> bool:
-        return self.completed + self.failed + self.cancelled >= self.total
 
 
 def finish_locked_item(
@@ -397,238 +380,56 @@ def finish_locked_item(
     return JobProgress(int(row[1]), int(row[2]), int(row[3]), int(row[4]))
 
 
-def add_metrics(
-    session: Session,
-    *,
-    job_id: str,
-    calls: int,
-    input_tokens: int,
-    output_tokens: int,
-    cost: float,
-    latency_ms_total: float,
-    latency_ms_max: float,
-    now: datetime,
-) -> None:
+def add_metrics(session: Session, *, job_id: str, metrics: ItemMetrics, now: datetime) -> None:
+    """Add a finished item's LLM calls, tokens, cost and latency to its job's totals (nothing without calls)."""
+    if not metrics.calls:
+        return
     _conn(session).execute(
         _METRICS,
         {
             "b_job": job_id,
-            "b_calls": calls,
-            "b_in": input_tokens,
-            "b_out": output_tokens,
-            "b_cost": cost,
-            "b_latency": latency_ms_total,
-            "b_max": latency_ms_max,
+            "b_calls": metrics.calls,
+            "b_in": metrics.input_tokens,
+            "b_out": metrics.output_tokens,
+            "b_cost": metrics.cost,
+            "b_latency": metrics.latency_ms_total,
+            "b_max": metrics.latency_ms_max,
             "b_now": now,
         },
     )
 
 
-# -- PostgreSQL, autocommit, on a raw psycopg connection (app.db.direct): a claim and a store in one round trip
-# each. Each is one statement, so it is its own transaction: no BEGIN and COMMIT round trips around it.
-# Data-modifying CTEs run exactly once whether or not the final SELECT reads them. The statements are prepared
-# on each connection (psycopg prepares a statement run more than a few times).
-
-_CLAIM_ONE = """
-    WITH claimed AS (
-        UPDATE node_tasks AS nt
-        SET status = 'running', attempts = nt.attempts + 1, claimed_by = %(token)s, deadline = %(deadline)s,
-            started_at = %(now)s, updated_at = %(now)s
-        FROM jobs AS j, items AS i
-        WHERE nt.item_id = %(item)s AND nt.node_id = %(node)s AND nt.status = 'queued' AND nt.attempts < %(cap)s
-          AND j.id = nt.job_id AND j.status IN ('queued', 'running')
-          AND i.id = nt.item_id AND i.status IN ('pending', 'running')
-        RETURNING nt.attempts, i.status AS item_status, i.input, i.custom_id, j.pipeline_name, j.pipeline_id
-    ), started AS (
-        UPDATE items SET status = 'running', started_at = COALESCE(started_at, %(now)s)
-        WHERE id = %(item)s AND status = 'pending' AND EXISTS (SELECT 1 FROM claimed)
-    )
-    SELECT c.attempts, c.item_status, c.input, c.custom_id, c.pipeline_name, c.pipeline_id,
-           (SELECT COALESCE(jsonb_object_agg(r.node_id, r.value), CAST('{}' AS jsonb))
-            FROM node_results AS r WHERE r.item_id = %(item)s) AS stored
-    FROM claimed AS c
-"""
-
-# The start of both stores: insert the result (a re-delivery finds it there already) and mark the node done.
-# Each store continues this WITH list; its further steps check EXISTS (SELECT 1 FROM ins), so they happen once.
-_STORE_RESULT = """
-    WITH ins AS (
-        INSERT INTO node_results (job_id, item_id, node_id, value, duration_ms, attempt, created_at)
-        VALUES (%(job)s, %(item)s, %(node)s, %(value)s, %(duration)s, %(attempt)s, %(now)s)
-        ON CONFLICT (job_id, item_id, node_id) DO NOTHING
-        RETURNING id
-    ), done AS (
-        UPDATE node_tasks SET status = 'done', deadline = NULL, finished_at = %(now)s, updated_at = %(now)s
-        WHERE item_id = %(item)s AND node_id = %(node)s
-    ), """
-
-_STORE_ONE = _STORE_RESULT + """rel AS (
-        UPDATE node_tasks
-        SET waiting = waiting - 1,
-            status = CASE WHEN waiting - 1 <= 0 THEN 'queued' ELSE status END,
-            deadline = CASE WHEN waiting - 1 <= 0 THEN %(deadline)s ELSE deadline END,
-            updated_at = %(now)s
-        WHERE item_id = %(item)s AND node_id = ANY(CAST(%(deps)s AS varchar[])) AND status = 'waiting'
-          AND EXISTS (SELECT 1 FROM ins)
-          AND EXISTS (SELECT 1 FROM jobs WHERE id = %(job)s AND status IN ('queued', 'running'))
-        RETURNING job_id, item_id, node_id, attempts, queue, priority, status
-    )
-    SELECT (SELECT count(*) FROM ins), rel.job_id, rel.item_id, rel.node_id, rel.attempts, rel.queue,
-           rel.priority, rel.status, (SELECT status FROM jobs WHERE id = %(job)s)
-    FROM (SELECT 1) AS one LEFT JOIN rel ON true
-"""
-
-_ITEM_VALUES = "SELECT node_id, value FROM node_results WHERE item_id = %(item)s"
-
-
-def claim_one(
-    conn: psycopg.Connection,
-    *,
-    item_id: int,
-    node_id: str,
-    token: str,
-    max_attempts: int,
-    deadline: datetime,
-    now: datetime,
-) -> tuple[QuickClaim, dict[str, Any]] | None:
-    """Claim a queued node of an open job and item below the attempts cap, mark its item running, and read the
-    item's stored values, in one statement. None when the claim does not hold (the caller then decides on the
-    locked row)."""
-    params = {"item": item_id, "node": node_id, "token": token, "cap": max_attempts, "deadline": deadline, "now": now}
-    row = conn.execute(_CLAIM_ONE, params, prepare=True).fetchone()
-    if row is None:
+def finish_open_item(
+    session: Session, *, job_id: str, item_id: int, end: ItemEnd, now: datetime
+) -> JobProgress | None:
+    """Store ``end`` as the outcome of the item if it is open (its row locked first), with the job's counters
+    and metrics; None when it was closed."""
+    if not lock_open_item(session, item_id=item_id):
         return None
-    claim = QuickClaim(int(row[0]), row[1], row[2], row[3], row[4], int(row[5]))
-    return claim, dict(row[6] or {})
-
-
-def item_values_direct(conn: psycopg.Connection, *, item_id: int) -> dict[str, Any]:
-    """``{node_id: encoded value}`` of the item's stored nodes."""
-    return {node_id: value for node_id, value in conn.execute(_ITEM_VALUES, {"item": item_id}, prepare=True)}
-
-
-def _result_params(
-    job_id: str, item_id: int, node_id: str, value: Any, duration_ms: float, attempt: int, now: datetime
-) -> dict[str, Any]:
-    """The parameters of :data:`_STORE_RESULT`."""
-    return {
-        "job": job_id,
-        "item": item_id,
-        "node": node_id,
-        "value": Jsonb(value),
-        "duration": duration_ms,
-        "attempt": attempt,
-        "now": now,
-    }
-
-
-def store_one(
-    conn: psycopg.Connection,
-    *,
-    job_id: str,
-    item_id: int,
-    node_id: str,
-    value: Any,
-    duration_ms: float,
-    attempt: int,
-    dependents: Sequence[str],
-    deadline: datetime,
-    now: datetime,
-) -> tuple[bool, list[NodeTaskRef], str | None]:
-    """Store the result (``ON CONFLICT DO NOTHING``), mark the node done and, if this delivery stored it and the
-    job is open, count down its dependents, in one statement. Returns (stored by this call, the dependents that
-    became queued, the job's status)."""
-    params = _result_params(job_id, item_id, node_id, value, duration_ms, attempt, now)
-    params.update(deps=list(dependents), deadline=deadline)
-    rows = conn.execute(_STORE_ONE, params, prepare=True).fetchall()
-    inserted = bool(rows and rows[0][0])
-    ready = [
-        NodeTaskRef(r[1], int(r[2]), r[3], int(r[4]), r[5], int(r[6]))
-        for r in rows
-        if r[3] is not None and r[7] == "queued"
-    ]
-    return inserted, ready, rows[0][8] if rows else None
-
-
-_STORE_LAST = _STORE_RESULT + """open_item AS (
-        SELECT id FROM items
-        WHERE id = %(item)s AND status IN ('pending', 'running') AND EXISTS (SELECT 1 FROM ins)
-        FOR UPDATE
-    ), progress AS (
-        UPDATE jobs
-        SET results_seq = results_seq + 1, completed_items = completed_items + %(completed)s,
-            failed_items = failed_items + %(failed)s, updated_at = %(now)s
-        WHERE id = %(job)s AND EXISTS (SELECT 1 FROM open_item)
-        RETURNING results_seq, completed_items, failed_items, cancelled_items, total_items
-    ), finished AS (
-        UPDATE items
-        SET status = %(status)s, output = %(output)s, error = %(error)s, finished_at = %(now)s,
-            result_seq = (SELECT results_seq FROM progress)
-        WHERE id = %(item)s AND EXISTS (SELECT 1 FROM progress)
-    ), metrics AS (
-        UPDATE job_metrics
-        SET llm_calls = llm_calls + %(calls)s, input_tokens = input_tokens + %(tokens_in)s,
-            output_tokens = output_tokens + %(tokens_out)s, cost = cost + %(cost)s,
-            latency_ms_total = latency_ms_total + %(latency)s,
-            latency_ms_max = GREATEST(latency_ms_max, %(latency_max)s), updated_at = %(now)s
-        WHERE job_id = %(job)s AND %(calls)s > 0 AND EXISTS (SELECT 1 FROM progress)
+    progress = finish_locked_item(
+        session, job_id=job_id, item_id=item_id, status=end.status, output=end.output, error=end.error, now=now
     )
-    SELECT (SELECT count(*) FROM ins), p.completed_items, p.failed_items, p.cancelled_items, p.total_items
-    FROM (SELECT 1) AS one LEFT JOIN progress AS p ON true
-"""
+    add_metrics(session, job_id=job_id, metrics=end.metrics, now=now)
+    return progress
 
 
-@dataclass(frozen=True, slots=True)
-class ItemMetrics:
-    """An item's LLM calls, tokens, cost and latency, added to its job's totals when it finishes."""
-
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    latency_ms_total: float = 0.0
-    latency_ms_max: float = 0.0
-
-
-def store_last(
-    conn: psycopg.Connection,
-    *,
-    job_id: str,
-    item_id: int,
-    node_id: str,
-    value: Any,
-    duration_ms: float,
-    attempt: int,
-    status: ItemStatus,
-    output: Any,
-    error: Any,
-    metrics: ItemMetrics,
-    now: datetime,
-) -> tuple[bool, JobProgress | None]:
-    """For the node every other node of its item leads to: store its result and, if this delivery stored it and
-    the item is still open, the item's outcome, its place in the job's completion order, the job's counters and
-    metrics, in one statement. Returns (stored by this call, the job's counts after it, when the item finished
-    here)."""
-    params = _result_params(job_id, item_id, node_id, value, duration_ms, attempt, now)
-    row = conn.execute(
-        _STORE_LAST,
-        {
-            **params,
-            "completed": int(status == ItemStatus.COMPLETED),
-            "failed": int(status == ItemStatus.FAILED),
-            "status": status.value,
-            "output": Jsonb(output),
-            "error": Jsonb(error),
-            "calls": metrics.calls,
-            "tokens_in": metrics.input_tokens,
-            "tokens_out": metrics.output_tokens,
-            "cost": metrics.cost,
-            "latency": metrics.latency_ms_total,
-            "latency_max": metrics.latency_ms_max,
-        },
-        prepare=True,
-    ).fetchone()
-    assert row is not None  # the statement always returns one row
-    if row[1] is None:
-        return bool(row[0]), None
-    return bool(row[0]), JobProgress(int(row[1]), int(row[2]), int(row[3]), int(row[4]))
+def finish_item(
+    session: Session, *, job_id: str, item_id: int, end: ItemEnder, now: datetime
+) -> JobProgress | None:
+    """Store the outcome of an open item none of whose nodes is left unfinished, as ``end`` decides it (it may
+    read the item's stored values), with the job's counters and metrics; None while the item is closed or some
+    node is unfinished."""
+    if not lock_item_if_done(session, item_id=item_id):
+        return None
+    outcome = end(lambda: item_values(session, item_id=item_id))
+    progress = finish_locked_item(
+        session,
+        job_id=job_id,
+        item_id=item_id,
+        status=outcome.status,
+        output=outcome.output,
+        error=outcome.error,
+        now=now,
+    )
+    add_metrics(session, job_id=job_id, metrics=outcome.metrics, now=now)
+    return progress

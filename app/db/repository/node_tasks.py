@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.db.base import utcnow
 from app.db.models import ITEM_OPEN, Batch, Item, ItemStatus, Job, JobStatus, NodeTask, NodeTaskStatus
 from app.db.repository._dialect import insert_ignoring_conflicts
+from app.db.repository.items import ItemOutcome, finish_items
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +260,16 @@ def lock_item(session: Session, *, item_id: int) -> str | None:
     """Lock the item's row until the transaction ends and return its status (None: no such item). Whoever
     decides that an item is complete holds this lock, so two last nodes finishing at once cannot both miss it."""
     return session.scalars(select(Item.status).where(Item.id == item_id).with_for_update()).one_or_none()
+
+
+def fail_item(session: Session, *, job_id: str, item_id: int, error: dict[str, Any]) -> bool:
+    """The item fails with ``error`` (its row locked first) and none of its unfinished nodes will run; False when
+    it was already terminal. Settling the job is the caller's."""
+    if lock_item(session, item_id=item_id) not in ITEM_OPEN:
+        return False
+    finish_items(session, job_id=job_id, outcomes=[ItemOutcome(item_id, ItemStatus.FAILED, None, error)])
+    fail_open_node_tasks(session, item_id=item_id)
+    return True
 
 
 def unfinished_node_tasks(session: Session, *, item_id: int) -> int:

@@ -16,18 +16,20 @@ def get_pipeline(session: Session, *, pipeline_id: int) -> Pipeline | None:
     return session.get(Pipeline, pipeline_id)
 
 
-def get_pipeline_by_name(session: Session, *, name: str) -> Pipeline | None:
-    return session.scalars(select(Pipeline).where(Pipeline.name == name)).one_or_none()
+def get_pipeline_by_name(session: Session, *, owner: str, name: str) -> Pipeline | None:
+    """The tenant's row of the pipeline ``name`` (its import path)."""
+    stmt = select(Pipeline).where(Pipeline.owner == owner, Pipeline.name == name)
+    return session.scalars(stmt).one_or_none()
 
 
-def get_or_create_pipeline(session: Session, *, name: str, import_path: str) -> Pipeline:
-    """The pipeline registered under ``name``; two concurrent first submissions both end up with one row."""
-    stmt = insert_ignoring_conflicts(session, Pipeline, ["name"]).values(
-        name=name, import_path=import_path, parameter_state={}, parameter_version=0,
+def get_or_create_pipeline(session: Session, *, owner: str, name: str, import_path: str) -> Pipeline:
+    """The tenant's row of the pipeline ``name``; two concurrent first submissions both end up with one row."""
+    stmt = insert_ignoring_conflicts(session, Pipeline, ["owner", "name"]).values(
+        owner=owner, name=name, import_path=import_path, parameter_state={}, parameter_version=0,
         created_at=utcnow(), updated_at=utcnow(),
     )
     session.execute(stmt)
-    pipeline = get_pipeline_by_name(session, name=name)
+    pipeline = get_pipeline_by_name(session, owner=owner, name=name)
     assert pipeline is not None
     if pipeline.import_path != import_path:
         pipeline.import_path = import_path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.kernels import library
+import app.engine.kernels.library as library
 
 
 def paged_decode_attention(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.kernels import library
+import app.engine.kernels.library as library
 
 
 def _rows_ok(t: torch.Tensor) -> bool:

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import torch
 
-from app.engine.kernels import library
+import app.engine.kernels.library as library
 
 # Up to this many rows the kernel beats MKL (even at 32 rows) and oneDNN (only at 1-2 rows: see onednn_linear).
 MAX_ROWS = 24

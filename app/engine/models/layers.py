@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.engine import kernels
+import app.engine.kernels as kernels
 from app.engine.kernels import small_matmul
 from app.engine.kernels.matmul import onednn_linear
 

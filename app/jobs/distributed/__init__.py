@@ -2,7 +2,8 @@
 
 PostgreSQL holds the truth (``node_tasks``: waiting counts, attempts, leases; ``node_results``: the values);
 the transport only carries ids. See ``dispatch`` (submission → first tasks), ``node_task`` (one node, the
-function behind the Celery task), ``sweeper`` (lost workers and messages, expiry) and ``limited`` (endpoints
+function behind the Celery task; every change of a node's state goes through the node store,
+``app.db.repository.node_store``), ``sweeper`` (lost workers and messages, expiry) and ``limited`` (endpoints
 behind the global limits).
 """
 

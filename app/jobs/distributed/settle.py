@@ -8,10 +8,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.db import ITEM_OPEN, ItemStatus, JobStatus, repository, utcnow
+from app.db import ItemStatus, JobStatus, repository, utcnow
 from app.db.repository import ItemOutcome
 from app.db.repository import node_runs as runs_repo
 from app.db.repository import node_tasks as tasks_repo
+from app.db.repository.node_store import ItemEnd, ItemMetrics, StoredValues
 from app.jobs.distributed.trace import job_trace
 from app.jobs.encoding import decode_value
 from app.jobs.nodes import ItemGraph, item_outcome
@@ -24,50 +25,43 @@ CANCELLED_ERROR = {"type": "Cancelled", "message": "the job was cancelled before
 def finish_item_if_done(session: Session, item: ItemGraph, cost: CostFn | None = None) -> ItemOutcome | None:
     """Store the item's outcome when none of its nodes is left to run; None while some are (or it is closed).
 
-    The item's row is locked first: of two workers storing its last two nodes at once, the second waits here and
-    then sees the first one's node, so exactly one of them finishes the item.
+    The item's row is locked first: of two workers storing its last two nodes at once, the second waits and then
+    sees the first one's node, so exactly one of them finishes the item.
     """
-    if not runs_repo.lock_item_if_done(session, item_id=item.item_id):
+    ends: list[ItemEnd] = []
+
+    def end(stored: StoredValues) -> ItemEnd:
+        ends.append(item_end(item, cost, stored))
+        return ends[-1]
+
+    progress = runs_repo.finish_item(session, job_id=item.job_id, item_id=item.item_id, end=end, now=utcnow())
+    if progress is None:
         return None
+    if progress.finished:
+        settle_job(session, item.job_id)
+    return ItemOutcome(item.item_id, ends[-1].status, ends[-1].output, ends[-1].error)
+
+
+def item_end(item: ItemGraph, cost: CostFn | None, stored: StoredValues) -> ItemEnd:
+    """The outcome of an item none of whose nodes is left to run (``stored``: its stored values, read when some
+    output is not in ``item.values`` yet), with its metrics."""
     if not all(n in item.values or n in item.graph.input_ids for n in item.graph.output_ids):
-        stored = runs_repo.item_values(session, item_id=item.item_id)
-        item.values.update({n: decode_value(v) for n, v in stored.items() if n in item.graph.nodes})
+        item.values.update({n: decode_value(v) for n, v in stored().items() if n in item.graph.nodes})
     outcome = item_outcome(item)
     if outcome is None:
         missing = [n for n in item.graph.output_ids if n not in item.values]
-        outcome = ItemOutcome(
-            item.item_id,
-            ItemStatus.FAILED,
-            None,
-            {
-                "type": "IncompleteItem",
-                "message": f"every node of the item ran but its outputs {missing} were not stored; submit it again",
-            },
-        )
-    now = utcnow()
-    progress = runs_repo.finish_locked_item(
-        session,
-        job_id=item.job_id,
-        item_id=item.item_id,
-        status=outcome.status,
-        output=outcome.output,
-        error=outcome.error,
-        now=now,
-    )
-    _add_metrics(session, item, cost, now)
-    if progress.finished:
-        settle_job(session, item.job_id)
-    return outcome
+        error = {
+            "type": "IncompleteItem",
+            "message": f"every node of the item ran but its outputs {missing} were not stored; submit it again",
+        }
+        return ItemEnd(ItemStatus.FAILED, None, error, item_metrics(item, cost))
+    return ItemEnd(outcome.status, outcome.output, outcome.error, item_metrics(item, cost))
 
 
 def fail_item(session: Session, job_id: str, item_id: int, error: dict[str, Any]) -> bool:
     """The item fails with ``error``; its unfinished nodes will not run. False when it was already terminal."""
-    if tasks_repo.lock_item(session, item_id=item_id) not in ITEM_OPEN:
+    if not tasks_repo.fail_item(session, job_id=job_id, item_id=item_id, error=error):
         return False
-    repository.finish_items(
-        session, job_id=job_id, outcomes=[ItemOutcome(item_id, ItemStatus.FAILED, None, error)]
-    )
-    tasks_repo.fail_open_node_tasks(session, item_id=item_id)
     settle_job(session, job_id)
     return True
 
@@ -118,7 +112,7 @@ def _save_trace(session: Session, job_id: str) -> None:
     repository.save_trace(session, job_id=job_id, trace=job_trace(session, job_id))
 
 
-def item_metrics(item: ItemGraph, cost: CostFn | None) -> runs_repo.ItemMetrics:
+def item_metrics(item: ItemGraph, cost: CostFn | None) -> ItemMetrics:
     """The item's LLM calls, tokens, cost and latency (from the stored values' metadata), counted once when the
     item finishes."""
     calls = tokens_in = tokens_out = 0
@@ -137,20 +131,4 @@ def item_metrics(item: ItemGraph, cost: CostFn | None) -> runs_repo.ItemMetrics:
         latency_max = max(latency_max, latency)
         if cost is not None and node.alias is not None:
             dollars += cost(node.alias, meta.get("model"), n_in, n_out)
-    return runs_repo.ItemMetrics(calls, tokens_in, tokens_out, dollars, latency_total, latency_max)
-
-
-def _add_metrics(session: Session, item: ItemGraph, cost: CostFn | None, now: datetime) -> None:
-    m = item_metrics(item, cost)
-    if m.calls:
-        runs_repo.add_metrics(
-            session,
-            job_id=item.job_id,
-            calls=m.calls,
-            input_tokens=m.input_tokens,
-            output_tokens=m.output_tokens,
-            cost=m.cost,
-            latency_ms_total=m.latency_ms_total,
-            latency_ms_max=m.latency_ms_max,
-            now=now,
-        )
+    return ItemMetrics(calls, tokens_in, tokens_out, dollars, latency_total, latency_max)

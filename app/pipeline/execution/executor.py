@@ -16,7 +16,13 @@ from typing import Any
 
 from app.pipeline.execution.checkpoint import CheckpointManager, input_fingerprint
 from app.pipeline.execution.scheduler import Scheduler
-from app.pipeline.execution.settings import SETTING_NAMES, RunConfig, get_execution_settings
+from app.pipeline.execution.settings import (
+    SETTING_NAMES,
+    RunConfig,
+    get_execution_settings,
+    is_manager,
+    make_manager,
+)
 from app.pipeline.execution.state import ExecutionState, TaskResult
 from app.pipeline.graph import InferenceGraph
 from app.pipeline.tracing.tracer import Tracer
@@ -65,17 +71,6 @@ def resolve_config(module: Any, call_kwargs: dict[str, Any]) -> tuple[RunConfig,
         config = config.updated({"resources": _bound_manager(module), **module._bound_settings})
     config = config.updated(settings)
     return config.validate(), forward_kwargs
-
-
-def is_manager(resources: Any) -> bool:
-    """A ResourceManager, or anything that answers ``await complete(alias, LLMRequest)`` (a scripted fake)."""
-    return callable(getattr(resources, "complete", None))
-
-
-def make_manager(resources: Any) -> Any:
-    from app.pipeline.resources import ResourceManager
-
-    return ResourceManager(resources)
 
 
 def _bound_manager(module: Any) -> Any:
@@ -129,7 +124,7 @@ class _Session:
         self.profiler = config.profiler
         self.owns_profiler = False
         if self.profiler is None and config.profile:
-            from app.pipeline.profiling import TraceProfiler
+            from app.pipeline.profiling.recording import TraceProfiler
 
             self.profiler = TraceProfiler(
                 include_counters=config.profile_counters, include_args=config.profile_include_args

@@ -96,7 +96,7 @@ async def run_llm_node(
     }
     if module.response_format is None:
         return Value(ValueKind.RESPONSE, response.content, node.id, meta)
-    from app.pipeline import functional as F
+    import app.pipeline.functional as F
 
     parsed = F.parse_structured(response.content, module.response_format)
     if parsed.kind is ValueKind.ERROR:

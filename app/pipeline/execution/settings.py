@@ -79,6 +79,17 @@ class RunConfig:
         return self
 
 
+def is_manager(resources: Any) -> bool:
+    """A ResourceManager, or anything that answers ``await complete(alias, LLMRequest)`` (a scripted fake)."""
+    return callable(getattr(resources, "complete", None))
+
+
+def make_manager(resources: Any) -> Any:
+    from app.pipeline.resources.manager import ResourceManager
+
+    return ResourceManager(resources)
+
+
 _CURRENT: ContextVar[ExecutionSettings | None] = ContextVar("inf_engine_execution_settings", default=None)
 
 
@@ -119,8 +130,6 @@ class ExecutionSettings:
         resources = self.values.get("resources")
         if resources is None:
             return self._parent.shared_resources() if self._parent is not None else None
-        from app.pipeline.execution.executor import is_manager, make_manager
-
         if is_manager(resources):
             return resources
         if self._manager is None:
@@ -129,7 +138,7 @@ class ExecutionSettings:
 
     def shared_profiler(self) -> Any:
         if self._own_profiler is None:
-            from app.pipeline.profiling import TraceProfiler
+            from app.pipeline.profiling.recording import TraceProfiler
 
             merged = self.merged()
             self._own_profiler = TraceProfiler(

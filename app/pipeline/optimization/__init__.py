@@ -12,9 +12,10 @@ or all of it: ``history = await train(module, dataset, loss, optimizer, epochs=2
 """
 
 from app.pipeline.execution.executor import ForwardRecord
+from app.pipeline.llm import install_backward
 from app.pipeline.optimization.backward import llm_backward
 from app.pipeline.optimization.contrast import RubricLevel
-from app.pipeline.optimization.feedback import Feedback, FeedbackType, combine_feedback
+from app.pipeline.optimization.feedback import Feedback, FeedbackType, combine_feedback, install_propagation
 from app.pipeline.optimization.human import (
     CallbackFeedbackSource,
     ConsoleFeedbackSource,
@@ -32,7 +33,7 @@ from app.pipeline.optimization.judges import LLMJudge, LLMPreferenceLoss, LLMRan
 from app.pipeline.optimization.llm import JudgeResponseError
 from app.pipeline.optimization.loss import CompositeLoss, Loss, VerifierLoss
 from app.pipeline.optimization.optimizer import Optimizer, ParameterUpdate, SFAOptimizer
-from app.pipeline.optimization.propagation import BackwardPass, BackwardReport
+from app.pipeline.optimization.propagation import BackwardPass, BackwardReport, propagate
 from app.pipeline.optimization.record import TracedOutput, split_output, unwrap_output
 from app.pipeline.optimization.training import (
     EpochSummary,
@@ -44,6 +45,10 @@ from app.pipeline.optimization.training import (
     train,
 )
 from app.pipeline.optimization.types import BackwardContext, BackwardResult
+
+# The backward pass builds on Feedback and on LLMInference, so they reach it through these hooks.
+install_propagation(propagate)
+install_backward(llm_backward)
 
 __all__ = [
     "BackwardContext",

@@ -6,13 +6,13 @@ accumulating parameter feedback that an optimizer's ``step()`` turns into new pa
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.pipeline.execution.executor import ForwardRecord
-    from app.pipeline.optimization.propagation import BackwardReport
 
 
 class FeedbackType(str, Enum):
@@ -74,18 +74,54 @@ class Feedback:
         """Propagate this feedback through every attached forward record (concurrently), accumulating feedback
         into the learnable Parameters that produced the outputs. ``optimizer`` (or the one a loss attached) lends
         its reasoning LLM to modules' ``backward`` and learns the graph order for its ``step()``."""
-        from app.pipeline.optimization.propagation import propagate
-
         if not self.records:
             raise RuntimeError(
                 "this feedback has no forward record to propagate through: put the module in training mode "
                 "(module.train()) before calling it, then give the loss the outputs exactly as the module "
                 "returned them (or pass record=... from run(..., record=True))"
             )
-        return await propagate(self, optimizer if optimizer is not None else self._optimizer)
+        if _propagate is None:
+            raise RuntimeError("feedback.backward() needs app.pipeline.optimization's backward pass: import it")
+        return await _propagate(self, optimizer if optimizer is not None else self._optimizer)
 
     def __str__(self) -> str:
         return f"[{self.score:.2f}] {self.content}" if self.score is not None else self.content
+
+
+@dataclass
+class BackwardPass:
+    """What backward did on one forward record."""
+
+    order: list[str] = field(default_factory=list)  # nodes whose backward ran, in the order they ran
+    node_feedback: dict[str, Feedback] = field(default_factory=dict)  # the combined feedback each node received
+    parameter_feedback: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class BackwardReport:
+    """What ``await feedback.backward()`` did: one pass per forward record."""
+
+    passes: list[BackwardPass] = field(default_factory=list)
+
+    @property
+    def parameter_feedback(self) -> dict[str, list[str]]:
+        merged: dict[str, list[str]] = {}
+        for one in self.passes:
+            for name, texts in one.parameter_feedback.items():
+                merged.setdefault(name, []).extend(texts)
+        return merged
+
+
+#: ``propagate(feedback, optimizer)``: the backward pass, which builds on Feedback; ``app.pipeline.optimization``
+#: installs ``propagation.propagate`` with ``install_propagation``.
+Propagate = Callable[[Feedback, Any], Awaitable[BackwardReport]]
+_propagate: Propagate | None = None
+
+
+def install_propagation(propagate: Propagate) -> None:
+    """Set what ``Feedback.backward`` runs (``app.pipeline.optimization`` installs ``propagation.propagate``)."""
+    global _propagate
+    _propagate = propagate
 
 
 def as_feedback(obj: Any, like: Feedback | None = None) -> Feedback:

@@ -66,7 +66,7 @@ class ChatLLM:
         temperature: float = 0.0,
         max_tokens: int | None = None,
     ) -> None:
-        from app.pipeline.module import LLMInference
+        from app.pipeline.llm import LLMInference
 
         self.alias = alias
         self.owner = owner

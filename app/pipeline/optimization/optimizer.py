@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
-from app.pipeline.optimization import state
+import app.pipeline.optimization.state as state
 from app.pipeline.optimization.llm import (
     AnswerProblem,
     ChatLLM,

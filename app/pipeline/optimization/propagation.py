@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.pipeline.optimization import state
-from app.pipeline.optimization.feedback import Feedback, as_feedback, combine_feedback
+import app.pipeline.optimization.state as state
+from app.pipeline.optimization.feedback import (
+    BackwardPass,
+    BackwardReport,
+    Feedback,
+    as_feedback,
+    combine_feedback,
+)
 from app.pipeline.optimization.types import BackwardContext, BackwardResult
 from app.pipeline.parameter import Parameter
 from app.pipeline.values import Value, ValueRef
@@ -23,28 +28,6 @@ from app.pipeline.values import Value, ValueRef
 if TYPE_CHECKING:
     from app.pipeline.execution.executor import ForwardRecord
     from app.pipeline.graph import GraphNode
-
-
-@dataclass
-class BackwardPass:
-    """What backward did on one forward record."""
-
-    order: list[str] = field(default_factory=list)  # nodes whose backward ran, in the order they ran
-    node_feedback: dict[str, Feedback] = field(default_factory=dict)  # the combined feedback each node received
-    parameter_feedback: dict[str, list[str]] = field(default_factory=dict)
-
-
-@dataclass
-class BackwardReport:
-    passes: list[BackwardPass] = field(default_factory=list)
-
-    @property
-    def parameter_feedback(self) -> dict[str, list[str]]:
-        merged: dict[str, list[str]] = {}
-        for one in self.passes:
-            for name, texts in one.parameter_feedback.items():
-                merged.setdefault(name, []).extend(texts)
-        return merged
 
 
 async def propagate(feedback: Feedback, optimizer: Any = None) -> BackwardReport:

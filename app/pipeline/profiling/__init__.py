@@ -1,10 +1,10 @@
-"""Run profiling: Chrome Trace Event output and run statistics."""
+"""Run profiling: Chrome Trace Event output and run statistics.
 
-from app.pipeline.profiling.profiler import (
-    DurationStats,
-    EndpointStatistics,
-    ProfileStatistics,
-    TraceProfiler,
-)
+``recording`` holds the profiler the scheduler calls (``TraceProfiler``); ``reporting`` turns what it recorded
+(``records``) into a Chrome trace and ``ProfileStatistics``.
+"""
+
+from app.pipeline.profiling.recording import TraceProfiler
+from app.pipeline.profiling.reporting import DurationStats, EndpointStatistics, ProfileStatistics
 
 __all__ = ["DurationStats", "EndpointStatistics", "ProfileStatistics", "TraceProfiler"]

@@ -12,9 +12,9 @@ import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
+from app.pipeline.context import trace_context
 from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode
 from app.pipeline.parameter import Parameter
-from app.pipeline.tracing.context import trace_context
 from app.pipeline.values import Value, ValueKind, collect_refs, replace_values_with_refs, valueify
 
 if TYPE_CHECKING:

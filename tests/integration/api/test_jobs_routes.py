@@ -132,6 +132,14 @@ def test_idempotency_key_returns_the_same_job(api: Harness) -> None:
     replay = api.client.post("/v1/jobs", json={"pipeline": "review-compare", "inputs": REVIEWS},
                              headers={**AUTH, "Idempotency-Key": "from-header"})
     assert by_header.json()["id"] == replay.json()["id"] != first["id"]
+    # the same key with another body is a conflict (Stripe's rule), never the first job handed back silently
+    for changed in ({"inputs": REVIEWS[:1]}, {"pipeline": "sentiment"}, {"priority": 5}, {"metadata": {"a": 1}}):
+        body = {"pipeline": "review-compare", "inputs": REVIEWS, "idempotency_key": "nightly-2024-01-01", **changed}
+        conflict = api.client.post("/v1/jobs", json=body, headers=AUTH)
+        assert conflict.status_code == 409, (changed, conflict.text)
+        error = conflict.json()["error"]
+        assert error["code"] == "idempotency_key_reused" and error["param"] == "idempotency_key"
+        assert first["id"] in error["message"]
     assert api.rows()[0] == 2
     api.wait(first["id"], {"completed"})
     api.wait(by_header.json()["id"], {"completed"})

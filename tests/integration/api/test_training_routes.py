@@ -94,7 +94,7 @@ class Harness:
 def api(committed: Engine) -> Iterator[Harness]:
     lm = ScriptedLM(scripted)
     config = Settings(database_url=committed.url.render_as_string(hide_password=False), api_keys=[KEY],
-                      jobs_poll_interval=0.05, jobs_max_items=50)
+                      jobs_poll_interval=0.05, jobs_max_items=50, pipeline_modules=[__name__])
     app = create_app(config, backend=FakeBackend(), jobs=JobsRuntime(config, resources=lm))
     with TestClient(app) as client:
         yield Harness(client, lm, committed)
@@ -164,7 +164,7 @@ def test_bad_requests_write_nothing(api: Harness) -> None:
         ({"pipeline": "sentiment", "dataset": DATASET, "metric": "exact", "optimizer": {"conservatism": 2}},
          "optimizer"),
         ({"pipeline": "sentiment", "dataset": DATASET, "metric": "exact", "epochs": 0}, "epochs"),
-        ({"pipeline": f"{__name__}:Frozen", "dataset": DATASET, "metric": "exact"}, "pipeline"),
+        ({"pipeline": f"{__name__}:Frozen", "dataset": DATASET, "metric": "exact"}, "pipeline"),  # nothing to learn
         ({"pipeline": "sentiment", "dataset": "file-missing", "metric": "exact"}, "dataset"),
     ]
     for body, param in cases:

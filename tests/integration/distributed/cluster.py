@@ -22,12 +22,13 @@ from sqlalchemy import Engine, func, select
 from app.db import Item, create_db_engine, make_session_factory, session_scope
 from app.db.models import NodeTask
 from app.jobs.distributed import dispatch_job
+from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import endpoints_of, node_policy
+from app.jobs.registry import configure_registry
 from app.jobs.service import describe_job
 from app.jobs.submission import JobRequest, submit_job
 from app.settings import Settings
 from workers.celery_app import create_celery_app
-from workers.dispatch import CeleryDispatcher
 
 ROOT = Path(__file__).resolve().parents[3]
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -78,6 +79,7 @@ class Cluster:
             "INF_ENGINE_NODE_STALE_SECONDS": "3",
             "INF_ENGINE_NODE_RETRY_DELAY": "0.2",
             "INF_ENGINE_SWEEP_INTERVAL": "1",
+            "INF_ENGINE_PIPELINE_MODULES": "tests.integration.distributed.pipelines",
             "PYTHONPATH": str(ROOT),
             **extra,
         }
@@ -161,6 +163,7 @@ class Cluster:
     def submit(self, pipeline: str, inputs: list[Any], dispatch: bool = True) -> str:
         """What ``POST /v1/jobs`` does: one transaction, then the first nodes are sent after the commit."""
         sessions = make_session_factory(self.engine)
+        configure_registry(self.settings.pipeline_modules)  # as the server does at start
         with session_scope(sessions) as session:
             job, _ = submit_job(session, JobRequest(pipeline, inputs=inputs))
         if dispatch:

@@ -16,10 +16,10 @@ from app.db import make_session_factory, session_scope
 from app.db.direct import DirectPool
 from app.db.models import NodeTask
 from app.jobs.distributed import Endpoints, NodeCall, NodeMessage, NodePolicy, NodeWorker, Outcome, run_node
+from app.jobs.distributed.transport.queues import Queues, node_task_id, priority_for, queue_for
 from app.jobs.submission import JobRequest, submit_job
 from app.pipeline.resources.config import EndpointConfig
 from workers.engine_host import LoopHost
-from workers.queues import Queues, node_task_id, priority_for, queue_for
 
 
 @dataclass

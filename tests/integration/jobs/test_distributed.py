@@ -242,7 +242,7 @@ def test_sweeper_expires_jobs_past_their_window(committed: Engine, host: LoopHos
 def test_sweeper_finishes_items_whose_worker_stopped_after_their_last_node(
     committed: Engine, host: LoopHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.jobs.distributed.node_task as node_task
+    from app.db.repository import node_runs
 
     sessions = make_session_factory(committed)
     dispatcher = ListDispatcher()
@@ -250,9 +250,11 @@ def test_sweeper_finishes_items_whose_worker_stopped_after_their_last_node(
     job_id = submit(sessions, "review-compare", REVIEWS[:3])
     dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
     # every node is stored, but the item's outcome never is (the state a worker leaves when it stops between
-    # storing an inline op that ends an item and finishing that item)
-    monkeypatch.setattr(node_task, "_finish", lambda worker, item, session: None)
-    drain(worker, dispatcher)
+    # storing an item's last node and finishing that item)
+    with monkeypatch.context() as patch:
+        patch.setattr(node_runs, "finish_open_item", lambda session, **kwargs: None)
+        patch.setattr(node_runs, "finish_item", lambda session, **kwargs: None)
+        drain(worker, dispatcher)
     assert node_statuses(sessions, job_id) == {"done": 12}
     assert _view(committed, job_id)["counts"]["completed"] == 0  # type: ignore[index]
     report = sweep(sessions, dispatcher, ENDPOINTS, NodePolicy(), resources_for=lambda aliases: None)

@@ -176,7 +176,7 @@ def test_node_results_are_inserted_once(db: Session) -> None:
 
 
 def test_parameter_versions(db: Session) -> None:
-    pipeline = repository.get_or_create_pipeline(db, name="p", import_path="app.examples.review_compare:ReviewCompare")
+    pipeline = repository.get_or_create_pipeline(db, owner="anonymous", name="p", import_path="app.examples.review_compare:ReviewCompare")
     first = repository.add_parameter_version(db, pipeline_id=pipeline.id, state={"verdict.system_prompt": "a"})
     second = repository.add_parameter_version(db, pipeline_id=pipeline.id, state={"verdict.system_prompt": "b"},
                                               score=0.8)

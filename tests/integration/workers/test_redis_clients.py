@@ -9,7 +9,7 @@ from kombu import Connection
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from workers.redis_clients import share_redis_clients
+from app.jobs.distributed.transport.redis_clients import share_redis_clients
 
 
 def test_a_channel_reuses_its_client_until_its_pool_changes() -> None:

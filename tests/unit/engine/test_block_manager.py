@@ -1,13 +1,13 @@
 import pytest
 
-from app.engine.block_manager import (
+from app.engine.core.block_manager import (
     BlockManager,
     hash_block,
     kv_cache_bytes_per_block,
     num_blocks_for_budget,
     slot_mapping,
 )
-from app.engine.sequence import Sequence
+from app.engine.core.sequence import Sequence
 
 
 def make_seq(tokens: list[int] | int, rid: str = "r") -> Sequence:

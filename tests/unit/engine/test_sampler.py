@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from app.engine.core.sampling_params import SamplingParams
 from app.engine.sampler import (
     Sampler,
     SampleResult,
@@ -16,7 +17,6 @@ from app.engine.sampler import (
     check_params_for_vocab,
     seeded_uniform,
 )
-from app.engine.sampling_params import SamplingParams
 
 V = 64
 EOS = 2
@@ -359,7 +359,7 @@ def test_out_of_vocabulary_history_does_not_touch_other_rows() -> None:
 
 
 def test_from_sequence() -> None:
-    from app.engine.sequence import Sequence
+    from app.engine.core.sequence import Sequence
 
     seq = Sequence("r", [1, 2, 3], SamplingParams(seed=5), eos_token_id=EOS, index=2)
     seq.append_token(4)

@@ -1,6 +1,6 @@
 import pytest
 
-from app.engine.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams
 
 
 def test_defaults_match_vllm() -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from app.engine.block_manager import BlockManager
-from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
-from app.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from app.engine.core.block_manager import BlockManager
+from app.engine.core.sampling_params import SamplingParams
+from app.engine.core.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
+from app.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 EOS = 2
 _fresh_tokens = itertools.count(10_000)

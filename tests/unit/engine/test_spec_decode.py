@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 import torch
 
-from app.engine.block_manager import BlockManager
+from app.engine.core.block_manager import BlockManager
+from app.engine.core.sampling_params import SamplingParams
+from app.engine.core.scheduler import Scheduler, SchedulerConfig
+from app.engine.core.sequence import Sequence
 from app.engine.metrics import EngineStats, render_prometheus
-from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig
-from app.engine.sequence import Sequence
 from app.engine.spec_decode import (
     NgramProposer,
     Proposal,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.stop_checker import (
+from app.engine.core.stop_checker import (
     StopChecker,
     StopStringStream,
     find_stop_string,

@@ -6,10 +6,10 @@ import pytest
 
 from app.jobs.distributed.dispatch import missing_aliases, plan_graph
 from app.jobs.distributed.messages import Endpoints
+from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
+from app.jobs.distributed.transport.queues import Queues
 from app.jobs.graphs import graph_forms, trace_item
 from app.pipeline.resources.config import EndpointConfig, ResourceConfig
-from workers.dispatch import CeleryDispatcher
-from workers.queues import Queues
 
 
 class _Routes(CeleryDispatcher):

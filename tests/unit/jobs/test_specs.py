@@ -32,14 +32,28 @@ from app.pipeline.optimization import (
 
 
 def starts_with_yes(output: Any) -> tuple[bool, str]:
-    """A verifier function importable by path (``tests.unit.jobs.test_specs:starts_with_yes``)."""
+    """A verifier function this module registers as the metric ``starts-with-yes``."""
     ok = str(output).lower().startswith("yes")
     return ok, "" if ok else "Start with yes."
 
 
 def length_loss(limit: int = 10) -> VerifierLoss:
-    """A loss factory importable by path, built with options."""
+    """A loss factory this module registers as ``length``, built with options."""
     return VerifierLoss(lambda output: len(str(output)) <= limit)
+
+
+def not_a_loss(**options: Any) -> str:
+    return "no"
+
+
+# what an operator's module declares (INF_ENGINE_PIPELINE_MODULES)
+METRICS = {"starts-with-yes": starts_with_yes}
+LOSSES = {"length": length_loss, "needs-options": length_loss, "not-a-loss": not_a_loss}
+
+
+@pytest.fixture(autouse=True)
+def _registered(register_modules: Any) -> None:
+    register_modules(__name__)
 
 
 @pytest.mark.parametrize(
@@ -100,10 +114,12 @@ def test_loss_types_build_the_framework_losses() -> None:
     ]})
     assert isinstance(composite.loss, CompositeLoss) and composite.aliases == ["critic", "merger"]
     assert [w for _, w in composite.loss.losses] == [0.3, 0.7]
-    function = build_loss({"type": "verifier", "function": f"{__name__}:starts_with_yes"})
+    function = build_loss({"type": "verifier", "function": "starts-with-yes"})
     assert isinstance(function.loss, VerifierLoss) and function.loss.verifier is starts_with_yes
-    python = build_loss({"type": "python", "path": f"{__name__}:length_loss", "options": {"limit": 3}})
+    python = build_loss({"type": "python", "name": "length", "options": {"limit": 3}})
     assert isinstance(python.loss, VerifierLoss)
+    older = build_loss({"type": "python", "path": "length"})  # the field's older name
+    assert isinstance(older.loss, VerifierLoss)
 
 
 def test_human_losses_need_a_source() -> None:
@@ -125,16 +141,17 @@ def test_human_losses_need_a_source() -> None:
         ({"type": "magic"}, "loss.type must be one of"),
         ({"type": "verifier", "check": "fuzzy"}, "loss.check must be one of"),
         ({"type": "verifier", "pattern": "("}, "not a valid regular expression"),
-        ({"type": "verifier", "function": "no_colon"}, "import path"),
-        ({"type": "verifier", "function": "json:nothing_here"}, "has no attribute"),
+        ({"type": "verifier", "function": "no_such_metric"}, "unknown metric 'no_such_metric'.*starts-with-yes"),
+        ({"type": "verifier", "function": "os:system"}, "unknown metric 'os:system'"),
         ({"type": "rubric", "criteria": "c"}, "rubric is required"),
         ({"type": "rubric", "criteria": "c", "rubric": {"1": "only one"}}, "at least two levels"),
         ({"type": "rubric", "rubric": {"1": "a", "2": "b"}}, "criteria must be a non-empty string"),
         ({"type": "judge", "max_retries": -1}, "max_retries must be a non-negative integer"),
         ({"type": "composite", "losses": []}, "losses must be a list"),
         ({"type": "composite", "losses": [{"loss": {"type": "judge"}, "weight": "heavy"}]}, "weight must be a number"),
-        ({"type": "python", "path": "json:dumps"}, "cannot be built with the options"),
-        ({"type": "python", "path": "json:JSONDecoder"}, "must name a Loss"),
+        ({"type": "python", "name": "length", "options": {"nope": 1}}, "cannot be built with the options"),
+        ({"type": "python", "name": "not-a-loss"}, "must name a Loss"),
+        ({"type": "python", "path": "os:system", "options": {"command": "true"}}, "unknown loss 'os:system'"),
     ],
 )
 def test_bad_loss_specs_say_what_is_wrong(spec: Any, problem: str) -> None:
@@ -145,7 +162,10 @@ def test_bad_loss_specs_say_what_is_wrong(spec: Any, problem: str) -> None:
 
 def test_loss_or_metric() -> None:
     assert loss_spec_of(None, "exact") == {"type": "verifier", "check": "exact"}
-    assert loss_spec_of(None, "pkg.mod:fn") == {"type": "verifier", "function": "pkg.mod:fn"}
+    with pytest.raises(InvalidJobInput, match=r"unknown metric 'pkg\.mod:fn': registered metrics: exact") as caught:
+        loss_spec_of(None, "pkg.mod:fn")
+    assert caught.value.param == "metric"
+    assert loss_spec_of(None, "starts-with-yes") == {"type": "verifier", "function": "starts-with-yes"}
     assert loss_spec_of({"type": "judge"}, None) == {"type": "judge"}
     assert loss_spec_of("contains", None) == {"type": "verifier", "check": "contains"}  # a loss by name
     assert loss_spec_of(None, {"type": "judge"}) == {"type": "judge"}  # a metric as a spec

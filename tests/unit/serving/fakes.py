@@ -7,7 +7,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from app.engine.backends.base import (
+from app.serving.backends.base import (
     Backend,
     ClosingStream,
     EngineStats,
@@ -21,7 +21,7 @@ from app.engine.backends.base import (
     TopLogprob,
     Usage,
 )
-from app.engine.backends.local import StopStringMatcher
+from app.serving.backends.local import StopStringMatcher
 
 EOS = 0
 
@@ -87,7 +87,7 @@ class FakeBackend(Backend):
         return [ord(c) for c in text or ""]
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
-        if any(t >= 0x110000 for t in token_ids):
+        if any(not 0 <= t < 0x110000 for t in token_ids):
             raise InvalidRequestError("token id out of range", param="tokens")
         return "".join(map(chr, token_ids))
 
@@ -96,6 +96,9 @@ class FakeBackend(Backend):
             raise InvalidRequestError(
                 "the prompt is empty: it must contain at least one token", param="prompt"
             )
+        if isinstance(request.prompt, list) and any(not 0 <= t < 0x110000 for t in request.prompt):
+            # as the local backends check ids against their vocabulary (here: the code points)
+            raise InvalidRequestError("prompt token id out of range", param="prompt")
         if self.max_in_flight is not None and len(self.active) >= self.max_in_flight:
             raise QueueFullError("the fake backend is full; retry later")
         self.requests.append(request)

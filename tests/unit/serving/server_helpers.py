@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from app.engine.backends.base import Backend
+from app.serving.backends.base import Backend
 
 
 def native_available() -> bool:
@@ -30,14 +30,14 @@ def build_tiny_llama(folder: Path) -> Path:
 
 def make_backend(kind: str, model: Path | None, *, max_waiting: int = 256, **engine_kwargs: Any) -> Backend:
     if kind == "native":
-        from app.engine.backends.native import NativeBackend
+        from app.serving.backends.native import NativeBackend
 
         options = {"kv_cache_memory_bytes": 64 << 20, "warmup": False, **engine_kwargs}  # tests start fast
         return NativeBackend(
             model=None if model is None else str(model), max_waiting=max_waiting, engine_kwargs=options
         )
     if kind == "transformers":
-        from app.engine.backends.transformers_backend import TransformersBackend
+        from app.serving.backends.transformers_backend import TransformersBackend
 
         return TransformersBackend(model=None if model is None else str(model), max_waiting=max_waiting)
     raise ValueError(kind)

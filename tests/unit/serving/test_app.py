@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from app.engine.backends.base import HealthStatus
+from app.serving.backends.base import HealthStatus
 from app.settings import Settings
 from tests.unit.serving.fakes import FakeBackend
 

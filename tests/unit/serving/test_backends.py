@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -9,11 +11,11 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from app.cli import app as cli
-from app.engine.backends import available_backends, create_backend, register_backend
-from app.engine.backends.base import GenerationRequest, heartbeat_health
-from app.engine.backends.local import StopStringMatcher, default_served_name
-from app.engine.backends.openai_proxy import OpenAIProxyBackend, _upstream_error
-from app.engine.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams
+from app.serving.backends import available_backends, create_backend, register_backend
+from app.serving.backends.base import GenerationRequest, heartbeat_health
+from app.serving.backends.local import StopStringMatcher, default_served_name
+from app.serving.backends.openai_proxy import OpenAIProxyBackend, _upstream_error
 from app.settings import Settings
 from tests.unit.serving.fakes import FakeBackend
 
@@ -97,6 +99,36 @@ def test_heartbeat_rule() -> None:
     stalled = heartbeat_health(alive=True, has_work=True, last_step=0.0, stall_seconds=5, now=100)
     assert not stalled.ok and "no step" in stalled.detail
     assert heartbeat_health(alive=True, has_work=True, last_step=98.0, stall_seconds=5, now=100).ok
+
+
+def test_heartbeat_rule_counts_from_the_work_when_no_step_came_since() -> None:
+    # never stepped: the clock runs from the work's arrival
+    never = heartbeat_health(alive=True, has_work=True, last_step=None, work_since=90.0, stall_seconds=5, now=100)
+    assert not never.ok and "no step for 10.0s since its work arrived" in never.detail
+    assert "INF_ENGINE_HEALTH_STALL_SECONDS" in never.detail
+    assert heartbeat_health(alive=True, has_work=True, last_step=None, work_since=97.0, stall_seconds=5, now=100).ok
+    # idle for long, then work arrived a moment ago: not a stall yet
+    assert heartbeat_health(alive=True, has_work=True, last_step=0.0, work_since=99.0, stall_seconds=5, now=100).ok
+    # steps since the work arrived count
+    assert heartbeat_health(alive=True, has_work=True, last_step=99.0, work_since=0.0, stall_seconds=5, now=100).ok
+    # no work, no stall however old the marks
+    assert heartbeat_health(alive=True, has_work=False, last_step=None, work_since=0.0, stall_seconds=5, now=100).ok
+
+
+async def test_transformers_backend_health_counts_from_its_first_request() -> None:
+    from app.serving.backends.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(health_stall_seconds=5)
+    backend._executor = executor = ThreadPoolExecutor(max_workers=1)  # started, without loading a model
+    try:
+        assert (await backend.health()).ok  # idle since it was built
+        backend._waiting, backend._busy_since = 1, time.monotonic() - 10  # a request waited 10 s, no step yet
+        stalled = await backend.health()
+        assert not stalled.ok and "since its work arrived" in stalled.detail
+        backend._last_step = time.monotonic()
+        assert (await backend.health()).ok
+    finally:
+        executor.shutdown()
 
 
 def test_generation_request_needs_one_input() -> None:

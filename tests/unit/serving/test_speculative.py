@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from app.engine.backends.base import EngineStats, GenerationRequest
-from app.engine.backends.native import NativeBackend
-from app.engine.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams
+from app.serving.backends.base import EngineStats, GenerationRequest
+from app.serving.backends.native import NativeBackend
 from app.serving.metrics import ServingMetrics
 from app.settings import Settings
 from tests.unit.serving.server_helpers import build_tiny_llama

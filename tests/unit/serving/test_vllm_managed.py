@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.backends.base import BackendUnavailableError, GenerationRequest
-from app.engine.backends.vllm import VLLMBackend
-from app.engine.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams
+from app.serving.backends.base import BackendUnavailableError, GenerationRequest
+from app.serving.backends.vllm import VLLMBackend
 
 STUB = textwrap.dedent(
     """
@@ -90,7 +90,7 @@ async def test_a_crash_at_start_quotes_the_log(fake_python: Path, tmp_path: Path
 async def test_a_process_that_ignores_sigterm_is_killed(
     fake_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("app.engine.backends.vllm.STOP_GRACE_SECONDS", 0.5)
+    monkeypatch.setattr("app.serving.backends.vllm.STOP_GRACE_SECONDS", 0.5)
     b = backend(fake_python, tmp_path, "stubborn")
     await b.start()
     proc = b.process

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.cli_workers import worker_queues
+from app.cli.workers import worker_queues
 from app.settings import Settings
 from workers.beat import beat_schedule
 from workers.celery_app import create_celery_app, require_redis

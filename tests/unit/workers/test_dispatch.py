@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from app.jobs.distributed.transport.celery_dispatch import queue_keys
 from app.settings import Settings
 from workers.beat import beat_schedule, periodic_tasks
-from workers.dispatch import queue_keys
 
 
 def test_a_queue_is_one_redis_list_per_priority_level_under_the_celery_prefix() -> None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from workers.queues import DEFAULT_QUEUES, Queues, node_task_id, priority_for, queue_for
+from app.jobs.distributed.transport.queues import (
+    DEFAULT_QUEUES,
+    Queues,
+    node_task_id,
+    priority_for,
+    queue_for,
+)
 
 
 def test_queues_are_named_by_prefix() -> None:

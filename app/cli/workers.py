@@ -1,0 +1,181 @@
+"""``inf-engine worker``, ``inf-engine beat`` and ``inf-engine flower``: the distributed side, on Celery and Redis.
+
+Each starts its Celery program for our app (``workers.celery_app``) through Celery's Python API, so that a
+deployment runs the same ``inf-engine`` commands everywhere (deploy/). Celery is imported only when one of these
+commands runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import typer
+
+from app.cli.console import err, fail
+
+POOLS = ("prefork", "threads", "solo")
+
+
+def _settings() -> Any:
+    from pydantic import ValidationError
+
+    from app.settings import get_settings, settings_error_message
+
+    try:
+        settings = get_settings()
+    except ValidationError as exc:  # checked by the root command already; here for callers of the function
+        raise fail(settings_error_message(exc) or f"invalid settings: {exc}") from None
+    if not settings.redis_url:
+        raise fail(
+            "no Redis configured: set INF_ENGINE_REDIS_URL (e.g. redis://127.0.0.1:6379/0); without it, "
+            "`inf-engine serve` runs jobs on its embedded executor and needs no worker"
+        )
+    from app.jobs.registry import RegistryError, configure_registry
+
+    try:  # the operator's pipeline modules import now, not at a worker's first task
+        configure_registry(settings.pipeline_modules)
+    except RegistryError as exc:
+        raise fail(str(exc)) from None
+    return settings
+
+
+def worker_queues(requested: list[str] | None, engine: bool, prefix: str) -> list[str]:
+    """The queues a worker consumes: ``--queues`` (kinds or full names, repeated or comma-separated), the engine
+    queue with ``--engine``, and by default the plain-Python and remote-LLM queues."""
+    from app.jobs.distributed.transport.queues import Queues
+
+    queues = Queues.from_prefix(prefix)
+    names = [queues.resolve(n.strip()) for value in requested or [] for n in value.split(",") if n.strip()]
+    if engine and queues.engine not in names:
+        names.append(queues.engine)
+    if not names:
+        names = [queues.cpu, queues.llm]
+    return list(dict.fromkeys(names))
+
+
+def worker_command(
+    queues: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--queues",
+            "-Q",
+            help="Queues to consume: cpu, llm, engine or full names; repeat or comma-separate "
+            "(default: cpu and llm; --engine adds engine)",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            "-c",
+            min=1,
+            help="Tasks at once (default: settings.worker_concurrency or one per CPU; with --engine "
+            "settings.engine_worker_concurrency)",
+        ),
+    ] = None,
+    engine: Annotated[
+        bool,
+        typer.Option(
+            "--engine",
+            help="Consume the engine queue and host one in-process engine, fed by all task threads",
+        ),
+    ] = False,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="prefork, threads or solo (default: threads with --engine, else prefork)"),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", "-n", help="Node name (default: settings.worker_name or <role>.<pid>@<host>)"),
+    ] = None,
+    loglevel: Annotated[str | None, typer.Option(help="Log level (default: settings.log_level)")] = None,
+) -> None:
+    """Start a Celery worker for inf-engine's queues (INF_ENGINE_REDIS_URL)."""
+    settings = _settings()
+    if pool is not None and pool not in POOLS:
+        raise fail(f"--pool must be one of {', '.join(POOLS)}, not {pool!r}")
+    names = worker_queues(queues, engine, settings.celery_queue_prefix)
+    if engine:
+        from workers.engine_host import setup_engine_worker
+
+        setup_engine_worker(settings)
+        pool = pool or "threads"  # one process, so one engine that every task shares
+        concurrency = concurrency or settings.engine_worker_concurrency
+    pool = pool or "prefork"
+    concurrency = concurrency or settings.worker_concurrency
+    role = "engine" if engine else "worker"
+    argv = [
+        "worker",
+        f"--queues={','.join(names)}",
+        f"--pool={pool}",
+        f"--loglevel={loglevel or settings.log_level}",
+        f"--hostname={name or settings.worker_name or f'{role}.{os.getpid()}@%h'}",
+    ]
+    if settings.celery_task_events:
+        argv.append("--task-events")
+    if concurrency is not None:
+        argv.append(f"--concurrency={concurrency}")
+    from workers.celery_app import app as celery
+
+    err.print(
+        f"worker consuming {', '.join(names)} ({pool}, concurrency {concurrency or 'per CPU'})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    celery.worker_main(argv)
+
+
+def beat_command(
+    loglevel: Annotated[str | None, typer.Option(help="Log level (default: settings.log_level)")] = None,
+) -> None:
+    """Start Celery beat (periodic tasks); one instance runs, others stand by on a Redis lock."""
+    settings = _settings()
+    from workers.beat import run_beat
+    from workers.celery_app import app as celery
+
+    run_beat(
+        celery,
+        settings,
+        loglevel=loglevel or settings.log_level,
+        say=lambda line: err.print(line, highlight=False, soft_wrap=True),
+    )
+
+
+def flower_command(
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Port (default: settings.flower_port)")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option(help="Address to bind (default: settings.flower_address)")
+    ] = None,
+) -> None:
+    """Start Flower (the Celery monitor) against the broker, with basic auth from settings."""
+    settings = _settings()
+    if not settings.flower_password:
+        raise fail(
+            "Flower needs a password: set INF_ENGINE_FLOWER_PASSWORD (and INF_ENGINE_FLOWER_USER, default "
+            "'admin'); it can revoke tasks and shut workers down, so it never runs open"
+        )
+    if ":" in settings.flower_user or "," in settings.flower_user or "," in settings.flower_password:
+        raise fail("flower_user may not contain ':' or ',', and flower_password may not contain ','")
+    from workers.celery_app import app as celery
+
+    bind, listen = address or settings.flower_address, port or settings.flower_port
+    err.print(
+        f"Flower on http://{bind}:{listen} (user {settings.flower_user!r})", highlight=False, soft_wrap=True
+    )
+    celery.start(
+        [
+            "flower",
+            f"--address={bind}",
+            f"--port={listen}",
+            f"--basic-auth={settings.flower_user}:{settings.flower_password}",
+        ]
+    )
+
+
+def register_worker_commands(app: typer.Typer) -> None:
+    app.command("worker")(worker_command)
+    app.command("beat")(beat_command)
+    app.command("flower")(flower_command)

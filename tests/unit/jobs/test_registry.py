@@ -1,0 +1,90 @@
+"""The operator's registry: shipped examples, entry points and listed modules; an unregistered name is refused
+with the list of registered ones, and nothing is imported for it."""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.jobs.registry import (
+    RegistryError,
+    UnknownNameError,
+    UnknownPipelineError,
+    build_registry,
+    configure_registry,
+    load_local_pipeline,
+    load_pipeline_class,
+)
+
+
+@pytest.fixture
+def operator_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "op_listed.py").write_text(
+        "from app.pipeline import Module\n"
+        "class Shout(Module):\n    def forward(self, text):\n        return text\n"
+        "METRICS = {'always': lambda output, target: (True, '')}\n"
+        "LOSSES = {'none': lambda: None}\n"
+    )
+    (tmp_path / "op_named.py").write_text(
+        "from app.pipeline import Module\n"
+        "class Hidden(Module):\n    def forward(self, text):\n        return text\n"
+        "PIPELINES = {'whisper': Hidden}\n"
+    )
+    (tmp_path / "op_side_effect.py").write_text(f"open({str(tmp_path / 'marker')!r}, 'w').write('x')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_listed_modules_register_their_pipelines_losses_and_metrics(operator_modules: Path) -> None:
+    registry = build_registry(["op_listed", "op_named"])
+    assert registry.pipeline_names() == ["op_listed:Shout", "review-compare", "sentiment", "whisper"]
+    assert registry.pipeline_path("whisper") == "op_named:Hidden"
+    assert registry.pipeline_path("op_named:Hidden") == "op_named:Hidden"  # a registered class by its path
+    assert registry.pipeline_path("sentiment") == "app.examples.sentiment:SentimentLabel"
+    assert callable(registry.metric("always")) and registry.loss("none")() is None
+    with pytest.raises(UnknownNameError, match="unknown metric 'os:system': registered metrics: always"):
+        registry.metric("os:system")
+    with pytest.raises(UnknownNameError, match="registered losses: none"):
+        registry.loss("nope")
+
+
+def test_an_unregistered_pipeline_is_refused_without_importing(operator_modules: Path) -> None:
+    configure_registry(["op_listed"])
+    try:
+        for name in ("op_side_effect:X", "op_side_effect", "this:s", 42):
+            with pytest.raises(UnknownPipelineError, match="registered: op_listed:Shout, review-compare, sentiment"):
+                load_pipeline_class(name)  # type: ignore[arg-type]
+        assert "op_side_effect" not in sys.modules and not (operator_modules / "marker").exists()
+        assert load_pipeline_class("op_listed:Shout").__name__ == "Shout"
+    finally:
+        configure_registry(None)
+    # the local CLI runs the user's own code: any path works there
+    assert type(load_local_pipeline("op_named:Hidden")).__name__ == "Hidden"
+
+
+def test_entry_points_register_names_and_load_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    groups = {
+        "inf_engine.pipelines": [metadata.EntryPoint("reviews", "app.examples.review_compare:ReviewCompare",
+                                                     "inf_engine.pipelines")],
+        "inf_engine.metrics": [metadata.EntryPoint("starts", "app.jobs.specs:make_check", "inf_engine.metrics")],
+        "inf_engine.losses": [],
+    }
+
+    def entry_points(group: str) -> list[Any]:
+        return groups[group]
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
+    registry = build_registry()
+    assert registry.pipeline_path("reviews") == "app.examples.review_compare:ReviewCompare"
+    from app.jobs.specs import make_check
+
+    assert registry.metric("starts") is make_check
+
+
+def test_a_listed_module_that_does_not_import_is_an_operator_error() -> None:
+    with pytest.raises(RegistryError, match="INF_ENGINE_PIPELINE_MODULES lists 'no_such_module_xyz'"):
+        build_registry(["no_such_module_xyz"])
