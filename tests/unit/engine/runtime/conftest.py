@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from app.engine.llm_engine import LLMEngine
-from tests.unit.engine_models.conftest import TINY_CONFIGS, VOCAB, build_hf_model
-from tests.unit.engine_models.helpers import save_hf_model
+from tests.unit.engine.models.conftest import TINY_CONFIGS, VOCAB, build_hf_model
+from tests.unit.engine.models.helpers import save_hf_model
 
 TINY_NAMES = tuple(TINY_CONFIGS)  # llama (GQA, llama3 RoPE), llama (MQA, tied, linear RoPE), gpt2
 

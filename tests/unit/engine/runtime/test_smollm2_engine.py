@@ -1,7 +1,7 @@
 """``LLMEngine()`` on the default model (SmolLM2-135M-Instruct) against transformers on the same weights.
 
 The reference is transformers' ``LlamaForCausalLM`` loaded from the converted-model cache folder (our
-dequantised GGUF weights saved as an ordinary HF folder); tests/unit/engine_models/test_smollm2.py checks
+dequantised GGUF weights saved as an ordinary HF folder); tests/unit/engine/models/test_smollm2.py checks
 those weights against independent dequantisation.
 """
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from app.engine import LLMEngine, SamplingParams
-from tests.unit.engine_models.helpers import hf_greedy
+from tests.unit.engine.models.helpers import hf_greedy
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -49,7 +49,7 @@ def fake_python(tmp_path: Path) -> Path:
     stub = tmp_path / "fake_vllm.py"
     stub.write_text(STUB)
     exe = tmp_path / "python"
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     exe.write_text(f'#!/bin/sh\ncd {root} && exec {sys.executable} {stub} "$@"\n')
     exe.chmod(0o755)
     return exe

@@ -16,7 +16,7 @@ import pytest
 from app.engine import AsyncEngine, LLMEngine, RequestOutput, SamplingParams
 from app.engine.metrics import render_prometheus
 from app.engine.spec_decode import SpeculativeConfig
-from tests.unit.engine_runtime.conftest import TINY_NAMES, VOCAB, random_prompts
+from tests.unit.engine.runtime.conftest import TINY_NAMES, VOCAB, random_prompts
 
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)

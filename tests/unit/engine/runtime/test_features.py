@@ -9,7 +9,7 @@ import pytest
 
 from app.engine import LLMEngine, RequestOutput, SamplingParams
 from app.engine.metrics import render_prometheus
-from tests.unit.engine_runtime.conftest import random_prompts
+from tests.unit.engine.runtime.conftest import random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 PROMPT = random_prompts(1, 12, 12, seed=11)[0]

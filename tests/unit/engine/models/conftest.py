@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.unit.engine_models.helpers import save_hf_model
+from tests.unit.engine.models.helpers import save_hf_model
 
 VOCAB = 320
 

@@ -18,8 +18,8 @@ import torch
 
 from app.engine.loading import cache, load_model
 from app.engine.tokenizer import Tokenizer
-from tests.unit.engine_models.conftest import VOCAB, build_hf_model
-from tests.unit.engine_models.helpers import PagedRunner, write_tiny_tokenizer
+from tests.unit.engine.models.conftest import VOCAB, build_hf_model
+from tests.unit.engine.models.helpers import PagedRunner, write_tiny_tokenizer
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as ref_dequantize  # noqa: E402
