@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import logging
 
-import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError as SQLDataError
-from sqlalchemy.exc import StatementError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.middleware import RequestTooLarge, too_large_response
+from app.db.input_errors import CANDIDATE_TYPES, first_line, refused_input
 from app.jobs.errors import JobError
 from app.serving.backends.base import BackendError
 from app.serving.errors import APIError, bad_request, error_body, from_validation_errors, too_deep
@@ -41,38 +39,13 @@ def job_api_error(exc: JobError) -> APIError:
     return APIError(status, exc.message, param=exc.param, code=code)
 
 
-_NUL_MESSAGE = ("A value of the request contains a NUL character (\\u0000), which cannot be stored: remove it from "
-                "the request's text, ids and names.")
-_RANGE_MESSAGE = "A number in the request is out of the range this server stores (integers must fit in 32 or 64 bits)."
-
-
 def hostile_input_error(exc: BaseException) -> APIError | None:
     """The 400 for an exception that bad input causes wherever it is first noticed (often only by the database:
-    a NUL in text, a number out of range, data of the wrong form), or None for anything else."""
-    if isinstance(exc, StatementError):
-        found = hostile_input_error(exc.orig) if exc.orig is not None else None
-        if found is None and isinstance(exc, SQLDataError):  # any other data the database refuses
-            found = _unstorable(exc.orig or exc)
-        return found
-    text = str(exc)
-    if isinstance(exc, ValueError | psycopg.DataError) and ("NUL (0x00)" in text or "\\u0000" in text):
-        return bad_request(_NUL_MESSAGE, code="nul_character")
-    if isinstance(exc, OverflowError | psycopg.errors.NumericValueOutOfRange):
-        return bad_request(_RANGE_MESSAGE, code="number_out_of_range")
-    if isinstance(exc, RecursionError):
+    a NUL in text, a number out of range; see ``app.db.input_errors``), or None for anything else."""
+    if isinstance(exc, RecursionError):  # input nested deeper than some parser or encoder recurses
         return too_deep()
-    if isinstance(exc, psycopg.DataError):
-        return _unstorable(exc)
-    return None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
-
-
-def _unstorable(exc: BaseException) -> APIError:
-    return bad_request(f"A value of the request cannot be stored: {_first_line(exc)}", code="invalid_value")
+    refused = refused_input(exc)
+    return None if refused is None else bad_request(refused.message, code=refused.code)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -99,7 +72,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return too_large_response(exc)
 
     # the classes whose instances may be bad input: the others are re-raised, to the 500 below
-    for kind in (StatementError, psycopg.DataError, ValueError, OverflowError, RecursionError):
+    for kind in (*CANDIDATE_TYPES, RecursionError):
         app.add_exception_handler(kind, _hostile)
 
     @app.exception_handler(StarletteHTTPException)
@@ -127,7 +100,7 @@ async def _hostile(request: Request, exc: Exception) -> JSONResponse:
     error = hostile_input_error(exc)
     if error is None:
         raise exc
-    log.warning("bad input refused with %d: %s: %s", error.status, type(exc).__name__, _first_line(exc),
+    log.warning("bad input refused with %d: %s: %s", error.status, type(exc).__name__, first_line(exc),
                 extra={"request_id": _rid(request)})
     return api_error_response(error)
 

@@ -10,8 +10,8 @@ from redis import Redis
 
 from app.db import JobStatus
 from app.db.repository.platform_stats import job_status_counts
-from app.jobs.monitoring import JobCounts, PlatformCollector
-from app.jobs.runtime import JobsRuntime
+from app.jobs.distributed.monitoring import JobCounts, PlatformCollector
+from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
 
 

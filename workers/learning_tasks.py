@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from app.jobs.distributed.transport.queues import Queues
-from app.jobs.learning_worker import learning_worker
+from app.jobs.learning.worker import learning_worker
 from app.settings import get_settings
 
 

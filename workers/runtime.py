@@ -12,9 +12,9 @@ from redis import Redis
 
 from app.db import SessionFactory
 from app.jobs.distributed import Endpoints, NodePolicy, NodeWorker
+from app.jobs.distributed.monitoring import BufferedRecorder
 from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import build_node_worker, endpoints_of, node_policy
-from app.jobs.monitoring import BufferedRecorder
 from app.settings import get_settings
 from workers.engine_host import get_host
 

@@ -12,8 +12,8 @@ from api.deps import get_owner, require_api_key
 from api.params import DB_INT_MAX, RequestBody
 from api.responses import JSONBytes
 from api.routes.trainings import Runtime, in_session
-from app.jobs import evaluations
-from app.jobs.learning import MAX_PAGE
+from app.jobs.learning import evaluations
+from app.jobs.learning.common import MAX_PAGE
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["evaluations"])
 

@@ -12,9 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import get_owner, require_api_key
 from api.params import RequestBody, VersionPath, version_query
 from api.responses import JSONBytes
-from app.jobs import feedback, parameters, training
-from app.jobs.learning import MAX_PAGE
-from app.jobs.learning_runtime import LearningRuntime
+from app.jobs.learning import feedback, parameters, training
+from app.jobs.learning.common import MAX_PAGE
+from app.jobs.learning.runtime import LearningRuntime
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["training"])
 

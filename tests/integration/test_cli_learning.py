@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from api.main import create_app
 from app.cli import app
-from app.jobs.runtime import JobsRuntime
+from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
 from tests.fakes import ScriptedLM
 from tests.integration.api.test_training_routes import DATASET, GOOD_PROMPT, scripted

@@ -24,10 +24,10 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from app.db import JobStatus, utcnow
 from app.db.repository.node_store import ItemEnd, NodeTaskRef, NodeValue, StoredValues
 from app.jobs.distributed.node_worker import NodeWorker
+from app.jobs.distributed.nodes import ItemGraph, item_outcome
 from app.jobs.distributed.settle import item_end, item_metrics
+from app.jobs.embedded.writer import CostFn, endpoint_cost
 from app.jobs.encoding import decode_value, encode_value
-from app.jobs.nodes import ItemGraph, item_outcome
-from app.jobs.writer import CostFn, endpoint_cost
 from app.pipeline.execution.node_runner import is_inline, resolve_args
 from app.pipeline.execution.state import TaskResult
 from app.pipeline.graph import OpNode

@@ -35,8 +35,8 @@ from app.db.repository.node_store import ClaimRequest, ClaimStatus, NodeTaskRef
 from app.jobs.distributed.messages import NodeMessage
 from app.jobs.distributed.node_results import retrying, store_result
 from app.jobs.distributed.node_worker import NodeCall, NodePolicy, NodeWorker
+from app.jobs.distributed.nodes import ItemGraph, execute_node
 from app.jobs.encoding import decode_value, error_of
-from app.jobs.nodes import ItemGraph, execute_node
 from app.pipeline.execution.state import TaskResult
 from app.pipeline.resources.errors import RateLimitError, TransientError
 

@@ -16,7 +16,7 @@ from app.jobs.distributed.dispatch import dispatch_job
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy
 from app.jobs.distributed.settle import settle_job
-from app.jobs.events import JobEvents
+from app.jobs.embedded.events import JobEvents
 
 log = logging.getLogger(__name__)
 

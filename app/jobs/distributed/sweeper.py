@@ -27,10 +27,10 @@ from app.db.repository import node_tasks as tasks_repo
 from app.jobs.distributed.dispatch import dispatch_job
 from app.jobs.distributed.messages import Dispatcher, Endpoints, NodeMessage
 from app.jobs.distributed.node_task import NodePolicy, message_of
+from app.jobs.distributed.nodes import load_item_graph
 from app.jobs.distributed.settle import fail_item, finish_item_if_done, settle_job
+from app.jobs.embedded.writer import endpoint_cost
 from app.jobs.graphs import load_module
-from app.jobs.nodes import load_item_graph
-from app.jobs.writer import endpoint_cost
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, func, select
 
 from api.main import create_app
 from app.db import File
-from app.jobs.runtime import JobsRuntime
+from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
 from tests.fakes import ScriptedLM
 from tests.unit.serving.fakes import FakeBackend

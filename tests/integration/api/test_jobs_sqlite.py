@@ -11,7 +11,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from app.jobs.runtime import JobsRuntime
+from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
 from tests.fakes import ScriptedLM
 from tests.unit.serving.fakes import FakeBackend

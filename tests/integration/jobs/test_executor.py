@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from app.db import Item, JobStatus, NodeResult, repository
-from app.jobs.runtime import JobsRuntime
+from app.jobs.embedded.runtime import JobsRuntime
 from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.pipeline.resources.types import LLMRequest, LLMResponse

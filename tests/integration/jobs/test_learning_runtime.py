@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 
 from app.db import make_session_factory, session_scope, utcnow
 from app.db.optimization_models import Evaluation, Training
-from app.jobs.evaluations import EvaluationRequest, submit_evaluation
-from app.jobs.learning_runtime import LearningExecutor, claim
-from app.jobs.training import TrainingRequest, submit_training
+from app.jobs.learning.evaluations import EvaluationRequest, submit_evaluation
+from app.jobs.learning.runtime import LearningExecutor, claim
+from app.jobs.learning.training import TrainingRequest, submit_training
 from tests.fakes import ScriptedLM
 from tests.integration.api.test_training_routes import DATASET, scripted
 

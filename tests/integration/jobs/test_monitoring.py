@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
 from app.db.repository.platform_stats import job_status_counts
-from app.jobs.monitoring import BufferedRecorder, JobCounts, PlatformCollector
+from app.jobs.distributed.monitoring import BufferedRecorder, JobCounts, PlatformCollector
 from app.jobs.submission import JobRequest, submit_job
 from tests.redisdb import client, temporary_prefix
 

@@ -8,8 +8,14 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from app.db import Item, repository
-from app.jobs.nodes import execute_node, item_outcome, load_item_graph, ready_nodes, store_node_result
-from app.jobs.runtime import JobsRuntime
+from app.jobs.distributed.nodes import (
+    execute_node,
+    item_outcome,
+    load_item_graph,
+    ready_nodes,
+    store_node_result,
+)
+from app.jobs.embedded.runtime import JobsRuntime
 from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.settings import Settings

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from app.db import make_session_factory, session_scope, utcnow
 from app.db.optimization_models import Evaluation, EvaluationSchedule
-from app.jobs import evaluations
-from app.jobs.evaluations import EvaluationRequest, EvaluationRun
+from app.jobs.learning import evaluations
+from app.jobs.learning.evaluations import EvaluationRequest, EvaluationRun
 from app.pipeline.resources.types import LLMRequest
 from tests.fakes import ScriptedLM
 

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 from app.db import create_db_engine, make_session_factory, session_scope, utcnow
 from app.db.migrate import upgrade
 from app.db.optimization_models import Evaluation, EvaluationSchedule
-from app.jobs import evaluations
-from app.jobs.evaluations import EvaluationRequest
+from app.jobs.learning import evaluations
+from app.jobs.learning.evaluations import EvaluationRequest
 from app.testing.fake_llm_server import FakeLLMServer
 from tests.integration.workers.conftest import Platform, wait_until
 from tests.postgres import temporary_database

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.jobs.cron import CronError, parse_cron
+from app.jobs.learning.cron import CronError, parse_cron
 
 
 def at(*parts: int) -> datetime:

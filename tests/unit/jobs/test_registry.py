@@ -70,7 +70,7 @@ def test_entry_points_register_names_and_load_on_first_use(monkeypatch: pytest.M
     groups = {
         "inf_engine.pipelines": [metadata.EntryPoint("reviews", "app.examples.review_compare:ReviewCompare",
                                                      "inf_engine.pipelines")],
-        "inf_engine.metrics": [metadata.EntryPoint("starts", "app.jobs.specs:make_check", "inf_engine.metrics")],
+        "inf_engine.metrics": [metadata.EntryPoint("starts", "app.jobs.learning.specs:make_check", "inf_engine.metrics")],
         "inf_engine.losses": [],
     }
 
@@ -80,7 +80,7 @@ def test_entry_points_register_names_and_load_on_first_use(monkeypatch: pytest.M
     monkeypatch.setattr(metadata, "entry_points", entry_points)
     registry = build_registry()
     assert registry.pipeline_path("reviews") == "app.examples.review_compare:ReviewCompare"
-    from app.jobs.specs import make_check
+    from app.jobs.learning.specs import make_check
 
     assert registry.metric("starts") is make_check
 

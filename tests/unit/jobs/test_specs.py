@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from app.jobs.errors import InvalidJobInput, PayloadTooLarge
-from app.jobs.specs import (
+from app.jobs.learning.specs import (
     build_loss,
     dataset_file_id,
     examples_from_jsonl,

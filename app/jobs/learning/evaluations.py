@@ -27,11 +27,10 @@ from app.db import repository, session_scope, to_unix, utcnow
 from app.db.optimization_models import RUN_TERMINAL, Evaluation, EvaluationSchedule, RunStatus
 from app.db.repository import learning as repo
 from app.db.repository import runs
-from app.jobs.cron import CronError, parse_cron
 from app.jobs.encoding import storable
 from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
 from app.jobs.ids import new_evaluation_id, new_schedule_id
-from app.jobs.learning import (
+from app.jobs.learning.common import (
     check_examples_fit,
     check_limit,
     endpoints_for,
@@ -42,7 +41,8 @@ from app.jobs.learning import (
     registered_pipeline,
     stored_dataset,
 )
-from app.jobs.specs import build_loss, loss_spec_of
+from app.jobs.learning.cron import CronError, parse_cron
+from app.jobs.learning.specs import build_loss, loss_spec_of
 from app.jobs.submission import Limits
 from app.pipeline.optimization import evaluate
 

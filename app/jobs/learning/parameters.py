@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.db import ParameterVersion, Pipeline, repository, to_unix
 from app.db.repository import learning as repo
 from app.jobs.errors import JobNotFound
-from app.jobs.learning import find_pipeline
+from app.jobs.learning.common import find_pipeline
 
 
 def version_view(row: ParameterVersion, pipeline: Pipeline) -> dict[str, Any]:

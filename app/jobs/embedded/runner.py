@@ -19,10 +19,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import ItemStatus, JobStatus, repository, session_scope
 from app.db.repository import ItemOutcome
+from app.jobs.embedded.events import JobEvents
+from app.jobs.embedded.writer import ResultWriter, endpoint_cost
 from app.jobs.encoding import decode_item_input, decode_value, error_of, to_jsonable
-from app.jobs.events import JobEvents
 from app.jobs.graphs import load_module, trace_item
-from app.jobs.writer import ResultWriter, endpoint_cost
 from app.pipeline.execution.executor import outputs_of
 from app.pipeline.execution.scheduler import Scheduler
 from app.pipeline.execution.state import ExecutionState, TaskResult

@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import create_db_engine, database_url, make_session_factory, session_scope
 from app.db.session import sqlite_path
-from app.jobs.events import JobEvents
-from app.jobs.executor import EmbeddedExecutor
-from app.jobs.runner import RunOptions
+from app.jobs.embedded.events import JobEvents
+from app.jobs.embedded.executor import EmbeddedExecutor
+from app.jobs.embedded.runner import RunOptions
 from app.jobs.submission import Limits
 from app.settings import Settings
 
@@ -176,7 +176,7 @@ class JobsRuntime:
         key = ("engine", *sorted(aliases))
         if key not in self._managers:
             if self._backend is not None:
-                from app.jobs.endpoints import BackendResourceManager
+                from app.jobs.embedded.endpoints import BackendResourceManager
 
                 self._managers[key] = BackendResourceManager(sorted(aliases), self._backend)
             else:

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import session_scope, utcnow
 from app.db.optimization_models import Evaluation, RunStatus, Training
 from app.db.repository import runs
-from app.jobs.evaluations import EvaluationRun
-from app.jobs.training import TrainingRun
+from app.jobs.learning.evaluations import EvaluationRun
+from app.jobs.learning.training import TrainingRun
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def run_evaluation_once(
     file, else the in-process engine) live for this run only: their clients belong to this run's event loop."""
     if not claim(sessions, Evaluation, evaluation_id, lease_s):
         return False
-    from app.jobs.runtime import JobsRuntime
+    from app.jobs.embedded.runtime import JobsRuntime
 
     async def run() -> None:
         endpoints = JobsRuntime(settings, run_executor=False)  # only its endpoint managers are used

@@ -23,9 +23,8 @@ from app.db.repository import learning as repo
 from app.db.repository import runs
 from app.jobs.encoding import storable, to_jsonable
 from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
-from app.jobs.feedback import database_source
 from app.jobs.ids import new_training_id
-from app.jobs.learning import (
+from app.jobs.learning.common import (
     check_examples_fit,
     check_limit,
     endpoints_for,
@@ -37,7 +36,8 @@ from app.jobs.learning import (
     steps_of,
     stored_dataset,
 )
-from app.jobs.specs import build_loss, loss_spec_of, parse_optimizer
+from app.jobs.learning.feedback import database_source
+from app.jobs.learning.specs import build_loss, loss_spec_of, parse_optimizer
 from app.jobs.submission import Limits
 from app.pipeline.optimization import QueueFeedbackSource, TrainingStep, train
 

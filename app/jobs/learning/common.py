@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.db import Pipeline, repository
+from app.jobs.embedded.runner import NO_ENDPOINTS_HINT
 from app.jobs.errors import InvalidJobInput, JobNotFound
 from app.jobs.graphs import import_path_of, load_module, shape_key, trace_item
 from app.jobs.inputs import InputFileError
+from app.jobs.learning.specs import dataset_file_id, decode_file, examples_from_jsonl, parse_examples
 from app.jobs.registry import UnknownPipelineError, load_pipeline_class
-from app.jobs.runner import NO_ENDPOINTS_HINT
-from app.jobs.specs import dataset_file_id, decode_file, examples_from_jsonl, parse_examples
 from app.jobs.submission import Limits
 from app.pipeline.optimization import Example
 from app.pipeline.optimization.llm import missing_aliases

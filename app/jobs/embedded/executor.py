@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import JobStatus, repository, session_scope
-from app.jobs.events import JobEvents
-from app.jobs.runner import JobRun, ResourcesFor, RunOptions, finish_cancelled
+from app.jobs.embedded.events import JobEvents
+from app.jobs.embedded.runner import JobRun, ResourcesFor, RunOptions, finish_cancelled
 
 log = logging.getLogger(__name__)
 

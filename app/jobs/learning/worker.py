@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import create_db_engine, database_url, make_session_factory, session_scope, utcnow
 from app.db.optimization_models import Evaluation, RunStatus
-from app.jobs.evaluations import fire_due_schedules
-from app.jobs.learning_runtime import run_evaluation_once
+from app.jobs.learning.evaluations import fire_due_schedules
+from app.jobs.learning.runtime import run_evaluation_once
 from app.settings import Settings
 
 
