@@ -56,6 +56,13 @@ def _leaf_problem(value: Any) -> str | None:
     return None
 
 
+def _bad_keys(node: dict[Any, Any]) -> bool:
+    try:
+        return any(map(_SURROGATE.search, node))  # JSON keys are strings
+    except TypeError:  # a dict built in Python may have other keys
+        return any(_SURROGATE.search(key) for key in node if isinstance(key, str))
+
+
 def _members(node: Any) -> Any:
     return node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
 
@@ -72,11 +79,9 @@ def _scan(value: Any, limit: int) -> str | None:
             return TOO_DEEP
         below: list[Any] = []
         for node in level:
-            if isinstance(node, dict):
-                if any(map(search, node)):  # the keys (JSON keys are strings)
-                    return UNICODE
-                node = node.values()
-            for child in node:
+            if isinstance(node, dict) and _bad_keys(node):
+                return UNICODE
+            for child in node.values() if isinstance(node, dict) else node:
                 kind = type(child)
                 if kind is dict or kind is list:
                     below.append(child)

@@ -8,9 +8,8 @@ takes a lock; :meth:`StatsCollector.snapshot` returns plain copies that are safe
 from __future__ import annotations
 
 import bisect
-import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,6 @@ __all__ = [
     "Histogram",
     "RequestMetrics",
     "StatsCollector",
-    "render_prometheus",
 ]
 
 # vLLM's bucket boundaries, so histograms from both engines can be compared panel by panel.
@@ -257,88 +255,3 @@ class StatsCollector:
                 request_queue_time_seconds=s.request_queue_time_seconds.copy(),
                 **spec,  # type: ignore[arg-type]
             )
-
-
-# ---- Prometheus text exposition ------------------------------------------------------------------------
-
-
-def _labels(base: Mapping[str, str], **extra: str) -> str:
-    items = {**base, **extra}
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in items.items())
-    return "{" + body + "}" if body else ""
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _num(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-def render_prometheus(stats: EngineStats, model_name: str, engine: str = "0") -> str:
-    """``stats`` in the Prometheus text format under vLLM's metric names (``vllm:...``), labelled with
-    ``model_name`` and ``engine`` as vLLM labels them. Counters get the ``_total`` suffix that
-    prometheus_client adds, so the exported series names are exactly vLLM's."""
-    base = {"model_name": model_name, "engine": engine}
-    lines: list[str] = []
-
-    def gauge(name: str, value: float, doc: str) -> None:
-        lines.extend([f"# HELP vllm:{name} {doc}", f"# TYPE vllm:{name} gauge"])
-        lines.append(f"vllm:{name}{_labels(base)} {_num(value)}")
-
-    def counter(name: str, values: Mapping[str, float] | float, doc: str, label: str = "") -> None:
-        lines.extend([f"# HELP vllm:{name} {doc}", f"# TYPE vllm:{name} counter"])
-        if isinstance(values, Mapping):
-            for key, value in sorted(values.items()):
-                lines.append(f"vllm:{name}_total{_labels(base, **{label: key})} {_num(value)}")
-        else:
-            lines.append(f"vllm:{name}_total{_labels(base)} {_num(values)}")
-
-    def histogram(name: str, hist: Histogram, doc: str) -> None:
-        lines.extend([f"# HELP vllm:{name} {doc}", f"# TYPE vllm:{name} histogram"])
-        bounds = [*hist.buckets, math.inf]
-        for bound, cum in zip(bounds, hist.cumulative(), strict=True):
-            lines.append(f"vllm:{name}_bucket{_labels(base, le=_num(bound))} {cum}")
-        lines.append(f"vllm:{name}_sum{_labels(base)} {_num(hist.total)}")
-        lines.append(f"vllm:{name}_count{_labels(base)} {hist.count}")
-
-    gauge(
-        "num_requests_running", stats.num_requests_running, "Number of requests in model execution batches."
-    )
-    gauge("num_requests_waiting", stats.num_requests_waiting, "Number of requests waiting to be processed.")
-    gauge("kv_cache_usage_perc", stats.kv_cache_usage_perc, "KV-cache usage. 1 means 100 percent usage.")
-    counter("prefix_cache_queries", stats.prefix_cache_queries, "Prefix cache queries, in terms of tokens.")
-    counter("prefix_cache_hits", stats.prefix_cache_hits, "Prefix cache hits, in terms of tokens.")
-    counter("num_preemptions", stats.num_preemptions, "Cumulative number of preemptions.")
-    counter("prompt_tokens", stats.prompt_tokens, "Number of prefill tokens processed.")
-    counter("generation_tokens", stats.generation_tokens, "Number of generation tokens processed.")
-    counter(
-        "request_success",
-        {reason: float(n) for reason, n in stats.request_success.items()},
-        "Count of successfully processed requests.",
-        label="finished_reason",
-    )
-    histogram("time_to_first_token_seconds", stats.time_to_first_token_seconds, "Time to first token.")
-    histogram("inter_token_latency_seconds", stats.inter_token_latency_seconds, "Inter-token latency.")
-    histogram("e2e_request_latency_seconds", stats.e2e_request_latency_seconds, "End-to-end request latency.")
-    histogram(
-        "request_queue_time_seconds", stats.request_queue_time_seconds, "Time spent in the WAITING phase."
-    )
-    if stats.spec_decode_enabled:  # registered only with speculative decoding on, as vLLM does
-        counter("spec_decode_num_drafts", stats.spec_decode_num_drafts, "Number of spec decoding drafts.")
-        counter("spec_decode_num_draft_tokens", stats.spec_decode_num_draft_tokens, "Number of draft tokens.")
-        counter(
-            "spec_decode_num_accepted_tokens",
-            stats.spec_decode_num_accepted_tokens,
-            "Number of accepted tokens.",
-        )
-        counter(
-            "spec_decode_num_accepted_tokens_per_pos",
-            {str(i): float(n) for i, n in enumerate(stats.spec_decode_num_accepted_tokens_per_pos)},
-            "Accepted tokens per draft position.",
-            label="position",
-        )
-    return "\n".join(lines) + "\n"

@@ -57,15 +57,6 @@ def load_item_graph(session: Session, *, item_id: int, module: Any = None) -> It
     return ItemGraph(job.id, item.id, item.custom_id, graph, values)
 
 
-def ready_nodes(item: ItemGraph) -> list[str]:
-    """Nodes not yet stored whose dependencies all are (input nodes count as stored)."""
-    known = set(item.values) | set(item.graph.input_ids)
-    return [
-        node_id for node_id, node in item.graph.nodes.items()
-        if node_id not in known and all(dep in known for dep in node.dependencies)
-    ]
-
-
 async def execute_node(item: ItemGraph, node_id: str, resources: Any, attempt: int = 0) -> TaskResult:
     """Run one node on its stored inputs. An ERROR input passes through without running (errors are data);
     other failures raise, for the caller's retry policy."""

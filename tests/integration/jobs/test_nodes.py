@@ -9,10 +9,10 @@ from sqlalchemy.orm import Session
 
 from app.db import Item, repository
 from app.jobs.distributed.nodes import (
+    ItemGraph,
     execute_node,
     item_outcome,
     load_item_graph,
-    ready_nodes,
     store_node_result,
 )
 from app.jobs.embedded.runtime import JobsRuntime
@@ -20,6 +20,15 @@ from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.settings import Settings
 from tests.fakes import ScriptedLM
+
+
+def ready_nodes(item: ItemGraph) -> list[str]:
+    """Nodes not yet stored whose dependencies all are (input nodes count as stored): what a dispatcher would send."""
+    known = set(item.values) | set(item.graph.input_ids)
+    return [
+        node_id for node_id, node in item.graph.nodes.items()
+        if node_id not in known and all(dep in known for dep in node.dependencies)
+    ]
 
 
 def _one_item_job(db: Session) -> int:

@@ -14,7 +14,7 @@ from app.engine.core.block_manager import BlockManager
 from app.engine.core.sampling_params import SamplingParams
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
-from app.engine.metrics import EngineStats, render_prometheus
+from app.engine.metrics import EngineStats
 from app.engine.spec_decode import (
     NgramProposer,
     Proposal,
@@ -228,14 +228,6 @@ def test_stats_counters_and_rendering() -> None:
         spec_decode_num_accepted_tokens_per_pos=[2, 2, 0],
     )
     assert engine_stats.spec_decode_acceptance_rate == pytest.approx(0.8)
-    text = render_prometheus(engine_stats, "m")
-    assert 'vllm:spec_decode_num_drafts_total{model_name="m",engine="0"} 2' in text
-    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="m",engine="0"} 5' in text
-    assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="m",engine="0"} 4' in text
-    assert (
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",engine="0",position="1"} 2' in text
-    )
-    assert "spec_decode" not in render_prometheus(EngineStats(), "m")  # off: not exported
 
 
 # ---- scheduler lookahead slots -----------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from app.engine import AsyncEngine, LLMEngine, RequestOutput, SamplingParams
-from app.engine.metrics import render_prometheus
 from app.engine.spec_decode import SpeculativeConfig
 from tests.unit.engine.runtime.conftest import TINY_NAMES, VOCAB, random_prompts
 
@@ -321,10 +320,6 @@ def test_acceptance_reported_in_stats_and_prometheus(
         stats.spec_decode_num_accepted_tokens / stats.spec_decode_num_draft_tokens
     )
     assert stats.generation_tokens == sum(len(o.outputs[0].token_ids) for o in outputs)
-    text = render_prometheus(stats, engine.model_name)
-    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos"):
-        assert f"vllm:spec_decode_{name}_total" in text
-    assert "spec_decode" not in render_prometheus(make_engine().get_stats(), "m")
 
 
 def test_speculative_config_forms_and_errors(
