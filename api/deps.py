@@ -1,9 +1,20 @@
-"""Dependencies: the serving object of this app, and the Bearer API-key check for /v1/*."""
+"""Dependencies: the serving object of this app, the Bearer API-key check for /v1/*, the caller's tenant, the
+jobs and learning runtimes, and a database session per request (``DbSession``).
+
+Routes that touch the database are plain ``def`` functions taking a ``DbSession``: FastAPI runs them in its thread
+pool, and the session commits when the route returns, before the response is sent (a failed commit is an error
+response, never a success whose data is lost)."""
 
 from __future__ import annotations
 
-from fastapi import Request
+from collections.abc import Iterator
+from typing import Annotated
 
+from fastapi import Depends, Request
+
+from app.db import Session
+from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.learning.runtime import LearningRuntime
 from app.jobs.tenants import ANONYMOUS, KeyRing
 from app.serving import OpenAIServing
 from app.serving.errors import unauthorized
@@ -54,3 +65,31 @@ def get_owner(request: Request) -> str:
         if tenant is None:
             raise unauthorized("Incorrect API key provided. Use one of the keys configured in INF_ENGINE_API_KEYS.")
     return str(tenant)
+
+
+Owner = Annotated[str, Depends(get_owner)]
+
+
+async def jobs_runtime(request: Request) -> JobsRuntime:
+    runtime: JobsRuntime = request.app.state.jobs
+    await runtime.ensure_started()
+    return runtime
+
+
+async def learning_runtime(request: Request) -> LearningRuntime:
+    runtime: LearningRuntime = request.app.state.learning
+    await runtime.ensure_started()
+    return runtime
+
+
+Runtime = Annotated[JobsRuntime, Depends(jobs_runtime)]
+Learning = Annotated[LearningRuntime, Depends(learning_runtime)]
+
+
+def db_session(runtime: Runtime) -> Iterator[Session]:
+    """One session per request; it commits as the route returns (rolls back if the route raised)."""
+    with runtime.session() as session:
+        yield session
+
+
+DbSession = Annotated[Session, Depends(db_session, scope="function")]

@@ -1,22 +1,19 @@
 """``/v1/batches``: the OpenAI Batch API (create, retrieve, list, cancel); each batch runs as a job.
 
-Routes only parse, authorise and shape; the work is in ``app.jobs.batches``. Database calls run in the thread
-pool.
+Routes only parse, authorise and shape; the work is in ``app.jobs.batches.service``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Query, Response
 from pydantic import ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
-from api.deps import require_api_key
+from api.deps import DbSession, Owner, Runtime, require_api_key
 from api.params import RequestBody
 from api.responses import JSONBytes
-from api.routes.jobs import Owner, Runtime
-from app.jobs import batches
+from app.jobs.batches import service as batches
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["batches"])
 
@@ -33,48 +30,33 @@ class BatchBody(RequestBody):
 
 
 @router.post("/batches")
-async def create_batch(body: BatchBody, runtime: Runtime, owner: Owner) -> Response:
+def create_batch(body: BatchBody, runtime: Runtime, session: DbSession, owner: Owner,
+                 background: BackgroundTasks) -> Response:
     request = batches.BatchCreate(input_file_id=body.input_file_id, endpoint=body.endpoint,
                                   completion_window=body.completion_window, metadata=body.metadata)
-
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return batches.create_batch(session, request, owner=owner, limits=runtime.limits)
-
-    view = await run_in_threadpool(work)
-    runtime.wake()
+    view = batches.create_batch(session, request, owner=owner, limits=runtime.limits)
+    background.add_task(runtime.wake)  # after the commit: the executor finds the job
     return JSONBytes(view)
 
 
 @router.get("/batches")
-async def list_batches(
-    runtime: Runtime,
+def list_batches(
+    session: DbSession,
     owner: Owner,
     after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=batches.MAX_PAGE)] = 20,
 ) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return batches.list_batch_views(session, owner=owner, after=after, limit=limit)
-
-    return JSONBytes(await run_in_threadpool(work))
+    return JSONBytes(batches.list_batch_views(session, owner=owner, after=after, limit=limit))
 
 
 @router.get("/batches/{batch_id}")
-async def get_batch(batch_id: str, runtime: Runtime, owner: Owner) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return batches.describe_batch(session, batch_id, owner)
-
-    return JSONBytes(await run_in_threadpool(work))
+def get_batch(batch_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(batches.describe_batch(session, batch_id, owner))
 
 
 @router.post("/batches/{batch_id}/cancel")
-async def cancel_batch(batch_id: str, runtime: Runtime, owner: Owner) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return batches.cancel_batch(session, batch_id, owner)
-
-    view = await run_in_threadpool(work)
-    runtime.wake()
+def cancel_batch(batch_id: str, runtime: Runtime, session: DbSession, owner: Owner,
+                 background: BackgroundTasks) -> Response:
+    view = batches.cancel_batch(session, batch_id, owner)
+    background.add_task(runtime.wake)
     return JSONBytes(view)

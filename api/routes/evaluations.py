@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Query, Response
 from pydantic import AliasChoices, ConfigDict, Field
 
-from api.deps import get_owner, require_api_key
+from api.deps import DbSession, Learning, Owner, learning_runtime, require_api_key
 from api.params import DB_INT_MAX, RequestBody
 from api.responses import JSONBytes
-from api.routes.trainings import Runtime, in_session
 from app.jobs.learning import evaluations
 from app.jobs.learning.common import MAX_PAGE
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["evaluations"])
-
-Owner = Annotated[str, Depends(get_owner)]
+# every route starts the learning executor (it resumes the runs a previous server left)
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key), Depends(learning_runtime)],
+                   tags=["evaluations"])
 
 
 class EvaluationCreate(RequestBody):
@@ -50,75 +49,67 @@ class ScheduleCreate(EvaluationCreate):
 
 # the schedule routes come first: /evaluations/schedules is not an evaluation id
 @router.post("/evaluations/schedules", status_code=201)
-async def create_schedule(body: ScheduleCreate, runtime: Runtime, owner: Owner) -> Response:
-    def work(session: Any) -> dict[str, Any]:
-        row = evaluations.create_schedule(session, body.to_request(), cron=body.cron, margin=body.margin,
-                                          owner=owner, limits=runtime.limits)
-        return evaluations.schedule_view(row)
-
-    view = await in_session(runtime, work)
+def create_schedule(body: ScheduleCreate, runtime: Learning, session: DbSession, owner: Owner) -> Response:
+    row = evaluations.create_schedule(session, body.to_request(), cron=body.cron, margin=body.margin,
+                                      owner=owner, limits=runtime.limits)
+    view = evaluations.schedule_view(row)
     return JSONBytes(view, status_code=201, headers={"Location": f"/v1/evaluations/schedules/{view['id']}"})
 
 
 @router.get("/evaluations/schedules")
-async def list_schedules(runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: evaluations.list_schedule_views(s, owner=owner)))
+def list_schedules(session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(evaluations.list_schedule_views(session, owner=owner))
 
 
 @router.get("/evaluations/schedules/{schedule_id}")
-async def get_schedule(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(
-        runtime, lambda s: evaluations.schedule_view(evaluations.load_schedule(s, schedule_id, owner))))
+def get_schedule(schedule_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(evaluations.schedule_view(evaluations.load_schedule(session, schedule_id, owner)))
 
 
 @router.get("/evaluations/schedules/{schedule_id}/runs")
-async def schedule_runs(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
+def schedule_runs(schedule_id: str, session: DbSession, owner: Owner) -> Response:
     """The schedule's evaluations in fire-time order, each with ``regressed``: its score fell below the previous
     run's by more than the schedule's margin."""
-    return JSONBytes(await in_session(runtime, lambda s: evaluations.schedule_runs(s, schedule_id, owner=owner)))
+    return JSONBytes(evaluations.schedule_runs(session, schedule_id, owner=owner))
 
 
 @router.post("/evaluations/schedules/{schedule_id}/pause")
-async def pause_schedule(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(
-        runtime, lambda s: evaluations.set_schedule_enabled(s, schedule_id, False, owner=owner)))
+def pause_schedule(schedule_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(evaluations.set_schedule_enabled(session, schedule_id, False, owner=owner))
 
 
 @router.post("/evaluations/schedules/{schedule_id}/resume")
-async def resume_schedule(schedule_id: str, runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(
-        runtime, lambda s: evaluations.set_schedule_enabled(s, schedule_id, True, owner=owner)))
+def resume_schedule(schedule_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(evaluations.set_schedule_enabled(session, schedule_id, True, owner=owner))
 
 
 @router.post("/evaluations", status_code=201)
-async def create_evaluation(body: EvaluationCreate, runtime: Runtime, owner: Owner) -> Response:
-    def work(session: Any) -> dict[str, Any]:
-        row = evaluations.submit_evaluation(session, body.to_request(), owner=owner, limits=runtime.limits)
-        return evaluations.evaluation_view(row)
-
-    view = await in_session(runtime, work)
-    runtime.wake()
+def create_evaluation(body: EvaluationCreate, runtime: Learning, session: DbSession, owner: Owner,
+                      background: BackgroundTasks) -> Response:
+    row = evaluations.submit_evaluation(session, body.to_request(), owner=owner, limits=runtime.limits)
+    view = evaluations.evaluation_view(row)
+    background.add_task(runtime.wake)  # after the commit: the executor finds the run
     return JSONBytes(view, status_code=201, headers={"Location": f"/v1/evaluations/{view['id']}"})
 
 
 @router.get("/evaluations")
-async def list_evaluations(
-    runtime: Runtime,
+def list_evaluations(
+    session: DbSession,
     owner: Owner,
     after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
 ) -> Response:
-    return JSONBytes(await in_session(
-        runtime, lambda s: evaluations.list_evaluation_views(s, owner=owner, after=after, limit=limit)))
+    return JSONBytes(evaluations.list_evaluation_views(session, owner=owner, after=after, limit=limit))
 
 
 @router.get("/evaluations/{evaluation_id}")
-async def get_evaluation(evaluation_id: str, runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: evaluations.describe_evaluation(s, evaluation_id, owner)))
+def get_evaluation(evaluation_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(evaluations.describe_evaluation(session, evaluation_id, owner))
 
 
 @router.post("/evaluations/{evaluation_id}/cancel")
-async def cancel_evaluation(evaluation_id: str, runtime: Runtime, owner: Owner) -> Response:
-    view = await in_session(runtime, lambda s: evaluations.cancel_evaluation(s, evaluation_id, owner))
-    runtime.wake()
+def cancel_evaluation(evaluation_id: str, runtime: Learning, session: DbSession, owner: Owner,
+                      background: BackgroundTasks) -> Response:
+    view = evaluations.cancel_evaluation(session, evaluation_id, owner)
+    background.add_task(runtime.wake)
     return JSONBytes(view)

@@ -5,15 +5,14 @@ Routes only parse, authorise and shape; the checks and storage are in ``app.jobs
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from api.deps import require_api_key
+from api.deps import DbSession, Owner, Runtime, require_api_key
 from api.responses import JSONBytes, content_disposition
-from api.routes.jobs import Owner, Runtime
 from app.jobs import files
 from app.jobs.errors import InvalidJobInput, PayloadTooLarge
 
@@ -30,10 +29,15 @@ _UPLOAD_FORM = {"type": "object", "required": ["file", "purpose"], "properties":
 }}
 
 
-@router.post("/files", openapi_extra={"requestBody": {"required": True,
-                                                      "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}}})
-async def upload_file(request: Request, runtime: Runtime, owner: Owner) -> Response:
-    """multipart/form-data with ``file`` (the JSONL) and ``purpose`` (``batch`` or ``user_data``)."""
+@dataclass(frozen=True)
+class Upload:
+    filename: str
+    purpose: str
+    content: bytes
+
+
+async def read_upload(request: Request, runtime: Runtime) -> Upload:
+    """multipart/form-data with ``file`` (the JSONL) and ``purpose``, refused (413) as soon as it is too large."""
     limit = runtime.limits.max_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
@@ -52,14 +56,18 @@ async def upload_file(request: Request, runtime: Runtime, owner: Owner) -> Respo
         filename = upload.filename or ""
     if len(content) > limit:
         raise _too_large("the file has more bytes than that", limit)
+    return Upload(filename, purpose.strip(), content)
 
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            stored = files.upload_file(session, filename=filename, purpose=purpose.strip(), content=content,
-                                       owner=owner, limits=runtime.limits)
-            return files.file_view(stored)
 
-    return JSONBytes(await run_in_threadpool(work))
+@router.post("/files", openapi_extra={"requestBody": {"required": True,
+                                                      "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}}})
+def upload_file(
+    upload: Annotated[Upload, Depends(read_upload)], runtime: Runtime, session: DbSession, owner: Owner
+) -> Response:
+    """multipart/form-data with ``file`` (the JSONL) and ``purpose`` (``batch`` or ``user_data``)."""
+    stored = files.upload_file(session, filename=upload.filename, purpose=upload.purpose, content=upload.content,
+                               owner=owner, limits=runtime.limits)
+    return JSONBytes(files.file_view(stored))
 
 
 def _too_large(what: str, limit: int) -> PayloadTooLarge:
@@ -68,46 +76,30 @@ def _too_large(what: str, limit: int) -> PayloadTooLarge:
 
 
 @router.get("/files")
-async def list_files(
-    runtime: Runtime,
+def list_files(
+    session: DbSession,
     owner: Owner,
     purpose: Annotated[str | None, Query(description="Only files with this purpose")] = None,
     after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=files.MAX_LIST)] = files.MAX_LIST,
     order: Annotated[str, Query(pattern="^(asc|desc)$", description="By creation time")] = "desc",
 ) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return files.list_file_views(session, owner=owner, purpose=purpose, after=after, limit=limit,
-                                         order=order)
-
-    return JSONBytes(await run_in_threadpool(work))
+    return JSONBytes(files.list_file_views(session, owner=owner, purpose=purpose, after=after, limit=limit,
+                                           order=order))
 
 
 @router.get("/files/{file_id}")
-async def get_file(file_id: str, runtime: Runtime, owner: Owner) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return files.describe_file(session, file_id, owner)
-
-    return JSONBytes(await run_in_threadpool(work))
+def get_file(file_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(files.describe_file(session, file_id, owner))
 
 
 @router.get("/files/{file_id}/content")
-async def file_content(file_id: str, runtime: Runtime, owner: Owner) -> Response:
-    def work() -> files.FileContent:
-        with runtime.session() as session:
-            return files.file_content(session, file_id, owner)
-
-    found = await run_in_threadpool(work)
+def file_content(file_id: str, session: DbSession, owner: Owner) -> Response:
+    found = files.file_content(session, file_id, owner)
     return Response(found.content, media_type="application/octet-stream",
                     headers={"Content-Disposition": content_disposition(found.filename)})
 
 
 @router.delete("/files/{file_id}")
-async def delete_file(file_id: str, runtime: Runtime, owner: Owner) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return files.delete_file(session, file_id, owner)
-
-    return JSONBytes(await run_in_threadpool(work))
+def delete_file(file_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(files.delete_file(session, file_id, owner))

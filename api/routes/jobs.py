@@ -1,6 +1,7 @@
 """``/v1/jobs``: submit a pipeline job, read it, list, cancel, stream its results (NDJSON), get its trace.
 
-Routes only parse, authorise and shape; the work is in ``app.jobs``. Database calls run in the thread pool.
+Routes only parse, authorise and shape; the work is in ``app.jobs``. Routes that read the database are plain
+functions on a ``DbSession`` (FastAPI runs them in its thread pool).
 """
 
 from __future__ import annotations
@@ -8,12 +9,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import AliasChoices, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import get_owner, require_api_key
+from api.deps import DbSession, Owner, Runtime, require_api_key
 from api.params import RequestBody, ResultsCursor
 from api.responses import JSONBytes, content_disposition, dumps
 from app.jobs import service
@@ -42,46 +43,37 @@ class JobCreate(RequestBody):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
 
 
-async def jobs_runtime(request: Request) -> JobsRuntime:
-    runtime: JobsRuntime = request.app.state.jobs
-    await runtime.ensure_started()
-    return runtime
-
-
-Runtime = Annotated[JobsRuntime, Depends(jobs_runtime)]
-Owner = Annotated[str, Depends(get_owner)]
-
-
 # the route reads its body itself (to bound its size first): the schema documents it
 _JOB_BODY = {"required": True, "content": {"application/json": {"schema": JobCreate.model_json_schema()}}}
 
 
+async def read_job(request: Request, runtime: Runtime) -> JobCreate:
+    """The body of ``POST /v1/jobs``, bounded in size as it streams in and parsed off the event loop."""
+    body = await _read_body(request, runtime.limits.max_bytes)
+    return await run_in_threadpool(_parse_job, body)
+
+
 @router.post("/jobs", status_code=201, openapi_extra={"requestBody": _JOB_BODY})
-async def create_job(
-    request: Request,
+def create_job(
+    payload: Annotated[JobCreate, Depends(read_job)],
     runtime: Runtime,
+    session: DbSession,
     owner: Owner,
+    background: BackgroundTasks,
     idempotency_header: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> Response:
-    body = await _read_body(request, runtime.limits.max_bytes)
-    payload = await run_in_threadpool(_parse_job, body)  # a large body takes a while: off the event loop
     job_request = JobRequest(
         pipeline=payload.pipeline, inputs=payload.inputs, input_file_id=payload.input_file_id,
         priority=payload.priority, metadata=payload.metadata,
         idempotency_key=payload.idempotency_key or idempotency_header,
     )
-
-    def submit() -> tuple[dict[str, Any], bool]:
-        with runtime.session() as session:
-            job, created = submit_job(session, job_request, owner=owner, limits=runtime.limits)
-            return service.describe_job(session, job.id), created
-
-    view, created = await run_in_threadpool(submit)
-    if created:
-        runtime.wake()
+    job, created = submit_job(session, job_request, owner=owner, limits=runtime.limits)
+    view = service.describe_job(session, job.id)
     # a replay answers exactly like the first request did, and says that it is one
     headers = {"Location": f"/v1/jobs/{view['id']}"}
-    if not created:
+    if created:
+        background.add_task(runtime.wake)  # after the commit: the executor or dispatcher finds the job
+    else:
         headers["Idempotent-Replayed"] = "true"
     return JSONBytes(view, status_code=201, headers=headers)
 
@@ -119,45 +111,35 @@ def _too_large(size: int, limit: int) -> PayloadTooLarge:
 
 
 @router.get("/jobs")
-async def list_jobs(
-    runtime: Runtime,
+def list_jobs(
+    session: DbSession,
     owner: Owner,
     status: Annotated[str | None, Query(description="Only these statuses (comma-separated)")] = None,
     after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 20,
 ) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return service.list_job_views(session, owner=owner, status=status, after=after, limit=limit)
-
-    return JSONBytes(await run_in_threadpool(work))
+    return JSONBytes(service.list_job_views(session, owner=owner, status=status, after=after, limit=limit))
 
 
 @router.get("/jobs/{job_id}")
-async def get_job(job_id: str, runtime: Runtime, owner: Owner) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            return service.describe_job(session, job_id, owner)
-
-    return JSONBytes(await run_in_threadpool(work))
+def get_job(job_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(service.describe_job(session, job_id, owner))
 
 
 @router.post("/jobs/{job_id}/cancel")
-async def cancel_job(job_id: str, runtime: Runtime, owner: Owner) -> Response:
-    def work() -> dict[str, Any]:
-        with runtime.session() as session:
-            job = service.cancel_job(session, job_id, owner)
-            return service.describe_job(session, job.id, owner)
-
-    view = await run_in_threadpool(work)
-    runtime.wake()
+def cancel_job(job_id: str, runtime: Runtime, session: DbSession, owner: Owner,
+               background: BackgroundTasks) -> Response:
+    job = service.cancel_job(session, job_id, owner)
+    view = service.describe_job(session, job.id, owner)
+    background.add_task(runtime.wake)
     return JSONBytes(view)
 
 
 @router.get("/jobs/{job_id}/results")
-async def job_results(
+def job_results(
     job_id: str,
     runtime: Runtime,
+    session: DbSession,
     owner: Owner,
     cursor: ResultsCursor = 0,
     follow: Annotated[bool, Query(description="Keep streaming new results until the job ends")] = False,
@@ -165,11 +147,8 @@ async def job_results(
     """NDJSON, one line per finished item in completion order: ``{"custom_id", "status", "output"}`` or
     ``{"custom_id", "status", "error"}``. To resume, pass the number of lines already read as ``cursor``."""
 
-    def first_page() -> service.ResultsPage:
-        with runtime.session() as session:
-            return service.results_page(session, job_id, owner=owner, cursor=cursor, limit=RESULTS_PAGE)
-
-    page = await run_in_threadpool(first_page)  # an unknown job is a 404 before the stream starts
+    # an unknown job is a 404 before the stream starts; later pages read on their own sessions
+    page = service.results_page(session, job_id, owner=owner, cursor=cursor, limit=RESULTS_PAGE)
     return StreamingResponse(
         _stream_results(runtime, job_id, owner, page, follow),
         media_type="application/x-ndjson",
@@ -205,14 +184,9 @@ async def _read_page(runtime: JobsRuntime, job_id: str, owner: str, cursor: int)
 
 
 @router.get("/jobs/{job_id}/trace")
-async def job_trace(job_id: str, runtime: Runtime, owner: Owner) -> Response:
+def job_trace(job_id: str, runtime: Runtime, session: DbSession, owner: Owner) -> Response:
     """The job's Chrome Trace Event JSON (open it in Perfetto): live while the job runs in this server."""
-
-    def stored() -> dict[str, Any] | None:
-        with runtime.session() as session:
-            return service.stored_trace(session, job_id, owner)
-
-    trace = await run_in_threadpool(stored)  # also checks that the job exists and is the caller's
+    trace = service.stored_trace(session, job_id, owner)  # also checks that the job exists and is the caller's
     live = runtime.live_trace(job_id)
     if live is not None:
         trace = live

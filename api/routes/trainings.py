@@ -5,28 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Query, Response
 from pydantic import AliasChoices, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
-from api.deps import get_owner, require_api_key
+from api.deps import DbSession, Learning, Owner, learning_runtime, require_api_key
 from api.params import RequestBody, VersionPath, version_query
 from api.responses import JSONBytes
 from app.jobs.learning import feedback, parameters, training
 from app.jobs.learning.common import MAX_PAGE
-from app.jobs.learning.runtime import LearningRuntime
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["training"])
-
-
-async def learning_runtime(request: Request) -> LearningRuntime:
-    runtime: LearningRuntime = request.app.state.learning
-    await runtime.ensure_started()
-    return runtime
-
-
-Runtime = Annotated[LearningRuntime, Depends(learning_runtime)]
-Owner = Annotated[str, Depends(get_owner)]
+# every route starts the learning executor (it resumes the runs a previous server left)
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key), Depends(learning_runtime)],
+                   tags=["training"])
 
 
 class TrainingCreate(RequestBody):
@@ -61,93 +51,79 @@ class FeedbackAnswer(RequestBody):
     ranking: list[int] | None = None
 
 
-async def in_session(runtime: LearningRuntime, work: Any) -> Any:
-    def call() -> Any:
-        with runtime.session() as session:
-            return work(session)
-
-    return await run_in_threadpool(call)
-
-
 @router.post("/trainings", status_code=201)
-async def create_training(body: TrainingCreate, runtime: Runtime, owner: Owner) -> Response:
-    request = training.TrainingRequest(**body.model_dump())
-
-    def work(session: Any) -> dict[str, Any]:
-        row = training.submit_training(session, request, owner=owner, limits=runtime.limits)
-        return training.training_view(row, [])
-
-    view = await in_session(runtime, work)
-    runtime.wake()
+def create_training(body: TrainingCreate, runtime: Learning, session: DbSession, owner: Owner,
+                    background: BackgroundTasks) -> Response:
+    row = training.submit_training(session, training.TrainingRequest(**body.model_dump()), owner=owner,
+                                   limits=runtime.limits)
+    view = training.training_view(row, [])
+    background.add_task(runtime.wake)  # after the commit: the executor finds the run
     return JSONBytes(view, status_code=201, headers={"Location": f"/v1/trainings/{view['id']}"})
 
 
 @router.get("/trainings")
-async def list_trainings(
-    runtime: Runtime,
+def list_trainings(
+    session: DbSession,
     owner: Owner,
     after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
 ) -> Response:
-    return JSONBytes(await in_session(
-        runtime, lambda s: training.list_training_views(s, owner=owner, after=after, limit=limit)))
+    return JSONBytes(training.list_training_views(session, owner=owner, after=after, limit=limit))
 
 
 @router.get("/trainings/{training_id}")
-async def get_training(training_id: str, runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: training.describe_training(s, training_id, owner)))
+def get_training(training_id: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(training.describe_training(session, training_id, owner))
 
 
 @router.post("/trainings/{training_id}/cancel")
-async def cancel_training(training_id: str, runtime: Runtime, owner: Owner) -> Response:
-    view = await in_session(runtime, lambda s: training.cancel_training(s, training_id, owner))
-    runtime.wake()
+def cancel_training(training_id: str, runtime: Learning, session: DbSession, owner: Owner,
+                    background: BackgroundTasks) -> Response:
+    view = training.cancel_training(session, training_id, owner)
+    background.add_task(runtime.wake)
     return JSONBytes(view)
 
 
 # -- parameter versions -----------------------------------------------------------------------------------------
 @router.get("/pipelines/{name}/parameters/versions")
-async def list_versions(name: str, runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: parameters.list_versions(s, name, owner=owner)))
+def list_versions(name: str, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(parameters.list_versions(session, name, owner=owner))
 
 
 @router.get("/pipelines/{name}/parameters/versions/diff")
-async def diff_versions(
+def diff_versions(
     name: str,
-    runtime: Runtime,
+    session: DbSession,
     owner: Owner,
     old: Annotated[int, version_query("from", "The version to compare from")],
     new: Annotated[int, version_query("to", "The version to compare to")],
 ) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: parameters.diff_versions(s, name, old, new, owner=owner)))
+    return JSONBytes(parameters.diff_versions(session, name, old, new, owner=owner))
 
 
 @router.get("/pipelines/{name}/parameters/versions/{version}")
-async def get_version(name: str, version: VersionPath, runtime: Runtime, owner: Owner) -> Response:
-    return JSONBytes(await in_session(runtime, lambda s: parameters.get_version(s, name, version, owner=owner)))
+def get_version(name: str, version: VersionPath, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(parameters.get_version(session, name, version, owner=owner))
 
 
 @router.post("/pipelines/{name}/parameters/versions/{version}/activate")
-async def activate_version(name: str, version: VersionPath, runtime: Runtime, owner: Owner) -> Response:
-    """Roll the pipeline's active parameters to a stored version: later jobs, evaluations and trainings of the
-    pipeline use its values."""
-    return JSONBytes(await in_session(runtime, lambda s: parameters.activate_version(s, name, version, owner=owner)))
+def activate_version(name: str, version: VersionPath, session: DbSession, owner: Owner) -> Response:
+    """Roll the tenant's active parameters of the pipeline to a stored version: its later jobs, evaluations and
+    trainings of the pipeline use its values."""
+    return JSONBytes(parameters.activate_version(session, name, version, owner=owner))
 
 
 # -- human feedback ---------------------------------------------------------------------------------------------
 @router.get("/feedback/pending")
-async def pending_feedback(
-    runtime: Runtime,
+def pending_feedback(
+    session: DbSession,
     owner: Owner,
     training_id: Annotated[str | None, Query(description="Only the requests of this training")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> Response:
-    return JSONBytes(await in_session(
-        runtime, lambda s: feedback.pending_views(s, owner=owner, training_id=training_id, limit=limit)))
+    return JSONBytes(feedback.pending_views(session, owner=owner, training_id=training_id, limit=limit))
 
 
 @router.post("/feedback/{request_id}")
-async def answer_feedback(request_id: str, body: FeedbackAnswer, runtime: Runtime, owner: Owner) -> Response:
-    answer = body.model_dump(exclude_none=True)
-    return JSONBytes(await in_session(runtime, lambda s: feedback.answer_request(s, request_id, answer,
-                                                                                   owner=owner)))
+def answer_feedback(request_id: str, body: FeedbackAnswer, session: DbSession, owner: Owner) -> Response:
+    return JSONBytes(feedback.answer_request(session, request_id, body.model_dump(exclude_none=True), owner=owner))

@@ -21,6 +21,7 @@ from app.db.models import (
 )
 from app.db.session import (
     DATABASE_UNAVAILABLE,
+    Session,
     SessionFactory,
     create_db_engine,
     database_url,
@@ -46,6 +47,7 @@ __all__ = [
     "NodeResult",
     "ParameterVersion",
     "Pipeline",
+    "Session",
     "SessionFactory",
     "create_db_engine",
     "database_url",

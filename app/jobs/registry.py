@@ -35,7 +35,9 @@ ENTRY_POINT_GROUPS = {
 
 
 #: pipelines the platform itself submits (the Batch API's one-call pipeline): accepted by path, never listed
-INTERNAL_PIPELINES = frozenset({"app.jobs.batch_pipeline:BatchRequest"})
+INTERNAL_PIPELINES = frozenset({"app.jobs.batches.pipeline:BatchRequest"})
+#: where internal pipelines stored by earlier versions now live (jobs in flight across an upgrade still run)
+MOVED_PIPELINES = {"app.jobs.batch_pipeline:BatchRequest": "app.jobs.batches.pipeline:BatchRequest"}
 
 
 class UnknownPipelineError(ValueError):
@@ -68,6 +70,8 @@ class Registry:
                 return self.pipelines[name]
             if name in self.pipelines.values() or name in INTERNAL_PIPELINES:
                 return name
+            if name in MOVED_PIPELINES:
+                return MOVED_PIPELINES[name]
         raise UnknownPipelineError(
             f"unknown pipeline {_shown(name)}: the server runs only registered pipelines; registered: "
             f"{', '.join(sorted(self.pipelines)) or '(none)'} (an operator registers more with "

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from app.db import Batch, File, Item, ItemStatus, Job, JobStatus, make_session_factory, repository, utcnow
 from app.db.repository import ItemOutcome
-from app.jobs import batches, files
+from app.jobs import files
+from app.jobs.batches import service as batches
 from app.jobs.embedded.runner import finish_cancelled
 from app.jobs.submission import Limits
 

@@ -296,7 +296,7 @@ def _unrelated(job_id: str) -> NodeMessage:
 
 def test_an_expired_batch_job_ends_expired_not_cancelled(committed: Engine, host: LoopHost) -> None:
     from app.db import repository
-    from app.jobs.batches import describe_batch
+    from app.jobs.batches.service import describe_batch
 
     sessions = make_session_factory(committed)
     dispatcher = ListDispatcher()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.jobs.batch_lines import (
+from app.jobs.batches.lines import (
     MAX_REPORTED_ERRORS,
     BatchFileError,
     check_lines,

@@ -88,3 +88,11 @@ def test_entry_points_register_names_and_load_on_first_use(monkeypatch: pytest.M
 def test_a_listed_module_that_does_not_import_is_an_operator_error() -> None:
     with pytest.raises(RegistryError, match="INF_ENGINE_PIPELINE_MODULES lists 'no_such_module_xyz'"):
         build_registry(["no_such_module_xyz"])
+
+
+def test_internal_pipelines_resolve_under_their_old_paths_too() -> None:
+    registry = build_registry()
+    new = "app.jobs.batches.pipeline:BatchRequest"
+    assert registry.pipeline_path(new) == new
+    assert registry.pipeline_path("app.jobs.batch_pipeline:BatchRequest") == new
+    assert new not in registry.pipeline_names()  # accepted, never listed

@@ -159,7 +159,7 @@ def _prompt_text(prompt: Any) -> str | None:
 
 
 def item_of(request: RequestLine, endpoint: str) -> dict[str, Any]:
-    """The job item a checked line runs as: the inputs of :class:`app.jobs.batch_pipeline.BatchRequest`.
+    """The job item a checked line runs as: the inputs of :class:`app.jobs.batches.pipeline.BatchRequest`.
 
     The pipeline's client speaks chat, so a ``/v1/completions`` prompt is sent as one user message."""
     body = request.body

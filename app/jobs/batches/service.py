@@ -1,7 +1,7 @@
 """The OpenAI Batch API on top of jobs.
 
 A batch is a job of kind ``batch`` whose items are the lines of its input file, each run by the one-call
-pipeline :class:`app.jobs.batch_pipeline.BatchRequest`. The batch row adds what OpenAI's batch object has and a
+pipeline :class:`app.jobs.batches.pipeline.BatchRequest`. The batch row adds what OpenAI's batch object has and a
 job has not: the endpoint, the completion window, validation errors, and the output and error files.
 
 Batches move on when they are read (``GET``, list, cancel), whichever process runs their job: a batch whose job
@@ -34,7 +34,7 @@ from app.db import (
     to_unix,
     utcnow,
 )
-from app.jobs.batch_lines import (
+from app.jobs.batches.lines import (
     CHAT_COMPLETIONS,
     ENDPOINTS,
     BatchFileError,
@@ -43,7 +43,7 @@ from app.jobs.batch_lines import (
     item_of,
     parse_request_lines,
 )
-from app.jobs.batch_pipeline import BATCH_PIPELINE
+from app.jobs.batches.pipeline import BATCH_PIPELINE
 from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
 from app.jobs.files import BATCH, store_output_file
 from app.jobs.ids import new_batch_id

@@ -18,7 +18,7 @@ from app.pipeline import LLMInference, Module
 BATCH_ALIAS = "batch"
 
 #: the pipeline name batch jobs are registered under (an import path the job registry resolves)
-BATCH_PIPELINE = "app.jobs.batch_pipeline:BatchRequest"
+BATCH_PIPELINE = "app.jobs.batches.pipeline:BatchRequest"
 
 
 class BatchRequest(Module):
