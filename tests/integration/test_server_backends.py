@@ -22,7 +22,7 @@ from app.serving.backends.base import Backend, BackendError, GenerationRequest, 
 from app.serving.backends.openai_proxy import OpenAIProxyBackend
 from app.settings import Settings
 from app.testing import FakeLLMServer
-from tests.unit.serving.server_helpers import ServerThread, build_tiny_llama, make_backend, native_available
+from tests.support.server_helpers import ServerThread, build_tiny_llama, make_backend, native_available
 
 pytestmark = pytest.mark.timeout(120)
 MSGS = [{"role": "user", "content": "the quick brown fox"}]

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from api.main import create_app
 from app.serving.backends.base import Backend
 from app.settings import Settings
-from tests.unit.serving.server_helpers import ServerThread, build_tiny_llama, make_backend, native_available
-from tests.unit.serving.strategies import chat_bodies, completion_bodies
+from tests.support.server_helpers import ServerThread, build_tiny_llama, make_backend, native_available
+from tests.support.strategies import chat_bodies, completion_bodies
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.postgres import committed, db, pg_engine, pg_url
+from tests.support.postgres import committed, db, pg_engine, pg_url
 
 __all__ = ["committed", "db", "pg_engine", "pg_url"]
 

@@ -28,10 +28,10 @@ from app.db.migrate import upgrade  # noqa: E402
 from app.jobs.embedded.runtime import JobsRuntime  # noqa: E402
 from app.json_limits import MAX_JSON_DEPTH  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from tests.fakes import ScriptedLM  # noqa: E402
-from tests.postgres import temporary_database  # noqa: E402
-from tests.unit.serving.fakes import FakeBackend  # noqa: E402
-from tests.unit.serving.server_helpers import ServerThread  # noqa: E402
+from tests.support.fakes import ScriptedLM  # noqa: E402
+from tests.support.postgres import temporary_database  # noqa: E402
+from tests.support.server_helpers import ServerThread  # noqa: E402
+from tests.support.serving_fakes import FakeBackend  # noqa: E402
 
 KEY = "sk-fuzz"
 #: generated requests per operation and configuration (42 operations, two configurations)
@@ -71,7 +71,9 @@ def _nul(case: Any) -> Any:
 
 
 def _surrogate(case: Any) -> Any:
-    """A lone surrogate in a body string (the client would refuse to put one in a URL)."""
+    """A lone surrogate in a JSON body string (a client cannot put one in a URL or a multipart form at all)."""
+    if "json" not in (case.media_type or "application/json"):
+        return case
     found = _first(case.body, str) if isinstance(case.body, dict | list) else None
     if found is not None:
         parent, key = found

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from api.main import create_app
 from app.settings import Settings
 from app.testing.fake_llm_server import FakeLLMServer
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.serving_fakes import FakeBackend
 
 
 def _requests(*contents: str) -> bytes:

@@ -17,9 +17,9 @@ from api.main import create_app
 from app.db import Batch, File, Job
 from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
-from tests.fakes import ScriptedLM
-from tests.unit.serving.fakes import FakeBackend
-from tests.unit.serving.server_helpers import ServerThread
+from tests.support.fakes import ScriptedLM
+from tests.support.server_helpers import ServerThread
+from tests.support.serving_fakes import FakeBackend
 
 KEY = "sk-batch-test"
 

@@ -15,8 +15,8 @@ from api.main import create_app
 from app.db import File
 from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
-from tests.fakes import ScriptedLM
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.fakes import ScriptedLM
+from tests.support.serving_fakes import FakeBackend
 
 KEY = "sk-files-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -23,10 +23,10 @@ from app.jobs.embedded.runtime import JobsRuntime
 from app.json_limits import MAX_JSON_DEPTH
 from app.serving.backends.local import LocalBackend
 from app.settings import Settings
-from tests.fakes import ScriptedLM
-from tests.postgres import temporary_database
-from tests.unit.serving.fakes import FakeBackend
-from tests.unit.serving.server_helpers import ServerThread
+from tests.support.fakes import ScriptedLM
+from tests.support.postgres import temporary_database
+from tests.support.server_helpers import ServerThread
+from tests.support.serving_fakes import FakeBackend
 
 KEY = "sk-hostile"
 AUTH = {"Authorization": f"Bearer {KEY}"}

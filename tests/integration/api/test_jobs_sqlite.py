@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
-from tests.fakes import ScriptedLM
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.fakes import ScriptedLM
+from tests.support.serving_fakes import FakeBackend
 
 
 def _app(data_dir: Path, lm: ScriptedLM) -> Any:

@@ -17,8 +17,8 @@ from app.jobs.embedded.runtime import JobsRuntime
 from app.jobs.tenants import KeyRing, bare_key_tenant, parse_key
 from app.pipeline.resources.types import LLMRequest
 from app.settings import Settings
-from tests.fakes import ScriptedLM
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.fakes import ScriptedLM
+from tests.support.serving_fakes import FakeBackend
 
 A = {"Authorization": "Bearer sk-acme"}
 B = {"Authorization": "Bearer sk-bare"}

@@ -20,8 +20,8 @@ from app.jobs.embedded.runtime import JobsRuntime
 from app.pipeline import LLMInference, Module
 from app.pipeline.resources.types import LLMRequest
 from app.settings import Settings
-from tests.fakes import ScriptedLM
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.fakes import ScriptedLM
+from tests.support.serving_fakes import FakeBackend
 
 KEY = "sk-training-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

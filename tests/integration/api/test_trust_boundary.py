@@ -21,8 +21,8 @@ from sqlalchemy import Engine
 from api.main import create_app
 from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
-from tests.fakes import ScriptedLM
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.fakes import ScriptedLM
+from tests.support.serving_fakes import FakeBackend
 
 PLANTED = "planted_by_request_xyz"
 DATASET = [{"input": "Great phone", "target": "positive"}, {"input": "Awful", "target": "negative"}]

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from app.db.direct import DirectPool, psycopg_conninfo
-from tests.postgres import temporary_database
+from tests.support.postgres import temporary_database
 
 
 def test_conninfo_drops_the_driver_and_refuses_other_databases() -> None:

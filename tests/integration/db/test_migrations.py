@@ -12,7 +12,7 @@ from sqlalchemy import inspect
 
 from app.db import Base, create_db_engine
 from app.db.migrate import current_revision, downgrade, head_revision, upgrade
-from tests.postgres import temporary_database
+from tests.support.postgres import temporary_database
 
 TABLES = {
     "pipelines", "graph_nodes", "jobs", "items", "node_results", "job_metrics", "parameter_versions", "files",

@@ -33,7 +33,7 @@ from app.db.repository.node_store import (
     StoredValues,
 )
 from app.jobs.distributed.settle import settle_job
-from tests.postgres import committed, pg_engine, pg_url
+from tests.support.postgres import committed, pg_engine, pg_url
 
 __all__ = ["committed", "pg_engine", "pg_url"]
 

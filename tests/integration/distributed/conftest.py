@@ -11,9 +11,9 @@ import pytest
 
 from app.db.migrate import upgrade
 from app.testing.fake_llm_server import start_fake_server_process, stop_fake_server_process
-from tests.integration.distributed.cluster import Cluster
-from tests.postgres import temporary_database
-from tests.redisdb import SERVER, client, temporary_prefix
+from tests.support.cluster import Cluster
+from tests.support.postgres import temporary_database
+from tests.support.redisdb import SERVER, client, temporary_prefix
 
 MakeCluster = Callable[..., Cluster]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.integration.distributed.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, wait_until
 
 
 def test_a_job_runs_on_a_worker_one_task_per_node(cluster: Cluster) -> None:

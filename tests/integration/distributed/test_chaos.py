@@ -13,9 +13,9 @@ from sqlalchemy import func, select
 
 from app.db import make_session_factory, session_scope
 from app.db.models import NodeResult, NodeTask
-from tests.integration.distributed.cluster import Cluster, wait_until
 from tests.integration.distributed.conftest import MakeCluster
-from tests.integration.distributed.services import PrivatePostgres, PrivateRedis, private_postgres
+from tests.support.cluster import Cluster, wait_until
+from tests.support.services import PrivatePostgres, PrivateRedis, private_postgres
 
 CALLS_PER_ITEM = 3  # review-compare: praise, complaints, verdict (the render op between runs inline)
 NODES_PER_ITEM = 4

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.distributed.cluster import Cluster
+from tests.support.cluster import Cluster
 
 pytest.importorskip("torch")
 
 ITEMS = 32
-PIPELINE = "tests.integration.distributed.pipelines:OneCall"
+PIPELINE = "tests.support.pipelines:OneCall"
 
 
 def _makespan(cluster: Cluster, items: int, tag: str) -> float:
@@ -30,7 +30,7 @@ def _makespan(cluster: Cluster, items: int, tag: str) -> float:
 
 @pytest.mark.timeout(600)
 def test_concurrent_items_share_one_engine_batch(cluster: Cluster, tmp_path: Path) -> None:
-    from tests.unit.serving.server_helpers import build_tiny_llama
+    from tests.support.server_helpers import build_tiny_llama
 
     model = build_tiny_llama(tmp_path / "tiny-llama")
     cluster.resources.unlink()  # no resources file: every alias is the worker's own in-process engine

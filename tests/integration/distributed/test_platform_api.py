@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.main import create_app
-from tests.integration.distributed.cluster import Cluster, free_port, wait_until
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.cluster import Cluster, free_port, wait_until
+from tests.support.serving_fakes import FakeBackend
 
 FLOWER_AUTH = ("flower", "s3cret")
 

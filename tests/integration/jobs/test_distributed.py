@@ -15,8 +15,7 @@ from app.db.models import NodeTask
 from app.jobs.distributed import NodeMessage, NodePolicy, Outcome, dispatch_job, run_node, sweep
 from app.jobs.service import cancel_job, describe_job, results_page, stored_trace
 from app.pipeline.resources.errors import TransientError
-from tests.fakes import ScriptedLM
-from tests.integration.jobs.distributed_helpers import (
+from tests.support.distributed import (
     ENDPOINTS,
     ListDispatcher,
     call_of,
@@ -25,6 +24,7 @@ from tests.integration.jobs.distributed_helpers import (
     node_statuses,
     submit,
 )
+from tests.support.fakes import ScriptedLM
 from workers.engine_host import LoopHost
 
 REVIEWS = [{"custom_id": f"r{i}", "input": f"review number {i}: good sound, weak battery"} for i in range(6)]

@@ -13,7 +13,7 @@ from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.pipeline.resources.types import LLMRequest, LLMResponse
 from app.settings import Settings
-from tests.fakes import ScriptedLM
+from tests.support.fakes import ScriptedLM
 
 
 def _settings(engine: Engine, **overrides: Any) -> Settings:

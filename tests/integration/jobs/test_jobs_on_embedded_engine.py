@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 
 @pytest.mark.slow
 async def test_job_runs_on_the_in_process_engine(committed: Engine, tmp_path: Path) -> None:
-    from tests.unit.serving.server_helpers import build_tiny_llama
+    from tests.support.server_helpers import build_tiny_llama
 
     model = build_tiny_llama(tmp_path / "tiny-llama")
     config = Settings(database_url=committed.url.render_as_string(hide_password=False), model=str(model),

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from app.db.repository.platform_stats import job_status_counts
 from app.jobs.distributed.monitoring import BufferedRecorder, JobCounts, PlatformCollector
 from app.jobs.submission import JobRequest, submit_job
-from tests.redisdb import client, temporary_prefix
+from tests.support.redisdb import client, temporary_prefix
 
 
 def _samples(collector: PlatformCollector) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

@@ -19,7 +19,7 @@ from app.jobs.embedded.runtime import JobsRuntime
 from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.settings import Settings
-from tests.fakes import ScriptedLM
+from tests.support.fakes import ScriptedLM
 
 
 def ready_nodes(item: ItemGraph) -> list[str]:

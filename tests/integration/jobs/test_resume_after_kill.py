@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from app.db import NodeResult, create_db_engine
 from app.db.migrate import upgrade
 from app.testing.fake_llm_server import start_fake_server_process, stop_fake_server_process
-from tests.postgres import temporary_database
+from tests.support.postgres import temporary_database
 
 ROOT = Path(__file__).resolve().parents[3]
 ITEMS = 20

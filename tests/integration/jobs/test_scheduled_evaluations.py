@@ -16,7 +16,7 @@ from app.db.optimization_models import Evaluation, EvaluationSchedule
 from app.jobs.learning import evaluations
 from app.jobs.learning.evaluations import EvaluationRequest, EvaluationRun
 from app.pipeline.resources.types import LLMRequest
-from tests.fakes import ScriptedLM
+from tests.support.fakes import ScriptedLM
 
 DATASET = [{"input": f"review {i}", "target": "positive" if i % 2 == 0 else "negative"} for i in range(4)]
 

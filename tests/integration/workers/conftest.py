@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.settings import Settings
-from tests.redisdb import SERVER, client, temporary_prefix
+from tests.support.redisdb import SERVER, client, temporary_prefix
 
 ROOT = Path(__file__).resolve().parents[3]
 

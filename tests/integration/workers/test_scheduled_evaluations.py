@@ -20,7 +20,7 @@ from app.jobs.learning import evaluations
 from app.jobs.learning.evaluations import EvaluationRequest
 from app.testing.fake_llm_server import FakeLLMServer
 from tests.integration.workers.conftest import Platform, wait_until
-from tests.postgres import temporary_database
+from tests.support.postgres import temporary_database
 
 DATASET = [{"input": f"review {i}", "target": "positive" if i < 3 else "negative"} for i in range(4)]
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from tests.integration.workers.conftest import Platform, free_port, wait_until
-from tests.redisdb import client
+from tests.support.redisdb import client
 from workers.beat import lock_key
 from workers.celery_app import create_celery_app
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from app.serving.backends.base import HealthStatus
 from app.settings import Settings
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.serving_fakes import FakeBackend
 
 MSGS = [{"role": "user", "content": "hello there"}]
 

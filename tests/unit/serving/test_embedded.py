@@ -26,7 +26,7 @@ from app.serving.embedded import (
     get_embedded_engine,
     register_embedded_engine,
 )
-from tests.unit.serving.server_helpers import build_tiny_llama
+from tests.support.server_helpers import build_tiny_llama
 
 # Tests start fast and keep the KV cache small; one torch thread (tiny models gain nothing from more).
 ENGINE_OPTIONS = {"warmup": False, "kv_cache_memory_bytes": 16 << 20, "seed": 0}

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 
 from api.main import create_app
 from app.settings import Settings
-from tests.unit.serving.fakes import FakeBackend
-from tests.unit.serving.strategies import any_body, chat_bodies, completion_bodies
+from tests.support.serving_fakes import FakeBackend
+from tests.support.strategies import any_body, chat_bodies, completion_bodies
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

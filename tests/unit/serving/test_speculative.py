@@ -13,7 +13,7 @@ from app.serving.backends.base import EngineStats, GenerationRequest
 from app.serving.backends.native import NativeBackend
 from app.serving.metrics import ServingMetrics
 from app.settings import Settings
-from tests.unit.serving.server_helpers import build_tiny_llama
+from tests.support.server_helpers import build_tiny_llama
 
 LABELS = 'engine="0",model_name="m"'
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from tests.redisdb import SERVER, client, temporary_prefix
+from tests.support.redisdb import SERVER, client, temporary_prefix
 
 ROOT = Path(__file__).resolve().parents[4]
 

@@ -23,7 +23,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from app.jobs.limits import ConcurrencySlots, GlobalRateLimiter, RateConfig
-from tests.redisdb import SERVER
+from tests.support.redisdb import SERVER
 
 
 async def _sleep_until(at: float) -> None:

@@ -20,7 +20,7 @@ from app.pipeline import (
     trace,
 )
 from app.pipeline import functional as F
-from tests.fakes import ScriptedLM
+from tests.support.fakes import ScriptedLM
 
 
 class FanOut(Module):

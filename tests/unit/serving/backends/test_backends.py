@@ -17,7 +17,7 @@ from app.serving.backends.base import GenerationRequest, heartbeat_health
 from app.serving.backends.local import StopStringMatcher, default_served_name
 from app.serving.backends.openai_proxy import OpenAIProxyBackend, _upstream_error
 from app.settings import Settings
-from tests.unit.serving.fakes import FakeBackend
+from tests.support.serving_fakes import FakeBackend
 
 
 def test_registry_builds_by_name_and_reports_unknown_names() -> None:

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from app.pipeline import LLMInference, ResourceConfig, run
-from tests.unit.serving.server_helpers import build_tiny_llama
+from tests.support.server_helpers import build_tiny_llama
 
 pytestmark = pytest.mark.timeout(120)
 KEY = "sk-serve-test"

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from app.cli import app
 from app.examples.review_compare import ReviewCompare
 from app.settings import get_settings
-from tests.unit.serving.server_helpers import build_tiny_llama
+from tests.support.server_helpers import build_tiny_llama
 
 runner = CliRunner()
-EXAMPLE = Path(__file__).resolve().parents[2] / "app" / "examples" / "reviews.jsonl"
+EXAMPLE = Path(__file__).resolve().parents[3] / "app" / "examples" / "reviews.jsonl"
 
 
 class ShortReviewCompare(ReviewCompare):

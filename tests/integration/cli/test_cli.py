@@ -12,7 +12,7 @@ from app.cli import app
 from app.testing.fake_llm_server import FakeLLMServer
 
 runner = CliRunner()
-EXAMPLE = Path(__file__).resolve().parents[2] / "app" / "examples" / "reviews.jsonl"
+EXAMPLE = Path(__file__).resolve().parents[3] / "app" / "examples" / "reviews.jsonl"
 
 
 @pytest.fixture

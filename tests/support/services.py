@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from tests.integration.distributed.cluster import free_port, wait_until
+from tests.support.cluster import free_port, wait_until
 
 
 class PrivateRedis:

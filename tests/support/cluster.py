@@ -30,7 +30,7 @@ from app.jobs.submission import JobRequest, submit_job
 from app.settings import Settings
 from workers.celery_app import create_celery_app
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
@@ -79,7 +79,7 @@ class Cluster:
             "INF_ENGINE_NODE_STALE_SECONDS": "3",
             "INF_ENGINE_NODE_RETRY_DELAY": "0.2",
             "INF_ENGINE_SWEEP_INTERVAL": "1",
-            "INF_ENGINE_PIPELINE_MODULES": "tests.integration.distributed.pipelines",
+            "INF_ENGINE_PIPELINE_MODULES": "tests.support.pipelines",
             "PYTHONPATH": str(ROOT),
             **extra,
         }
