@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.engine.async_engine import AsyncEngine, EngineDeadError
-    from app.engine.core.sampling_params import SamplingParams
+    from app.engine.core.sampling_params import SamplingParams, StructuredOutputsParams
     from app.engine.llm_engine import EngineConfig, EngineQueueFullError, LLMEngine
     from app.engine.metrics import EngineStats, RequestMetrics
     from app.engine.outputs import CompletionOutput, RequestOutput
@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "RequestOutput": "app.engine.outputs",
     "SamplingParams": "app.engine.core.sampling_params",
     "SpeculativeConfig": "app.engine.spec_decode",
+    "StructuredOutputsParams": "app.engine.core.sampling_params",
 }
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "SpeculativeConfig",
+    "StructuredOutputsParams",
 ]
 
 

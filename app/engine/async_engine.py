@@ -7,6 +7,11 @@ so continuous batching serves them together.
 
 Streams end with a ``finished`` output. A consumer that stops iterating or is cancelled aborts its request
 (its KV blocks are freed) when its generator is closed; use ``contextlib.aclosing`` to make that immediate.
+
+A request with ``structured_outputs`` has its grammar compiled on a worker thread (``asyncio.to_thread``)
+before it is queued, so a slow compile (up to ~0.75 s for a large schema) never holds up the step loop or the
+other requests' tokens; xgrammar drops the GIL while compiling. The engine then finds the grammar in its
+cache when it adds the request. A request with ``best_of > n`` yields only its final output.
 """
 
 from __future__ import annotations
@@ -177,6 +182,12 @@ class AsyncEngine:
             await self.start()
         if request_id is None:
             request_id = f"async-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+        spec = sampling_params.structured_outputs if sampling_params is not None else None
+        if spec is not None:
+            # Off the loop thread and off the step thread: other requests keep stepping meanwhile. Errors
+            # (an invalid or too large spec) are the caller's ValueError, before anything is queued.
+            await asyncio.to_thread(self.engine.guided.compile, spec)
+        # No await from here until the request is queued: the checks below still hold when it is.
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         max_waiting = self.engine.config.max_waiting

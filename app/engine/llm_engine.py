@@ -7,6 +7,11 @@ them (length, eos and stop-token stops), and the :class:`~app.engine.output_proc
 turns token ids into text, applies stop strings and builds :class:`RequestOutput` objects. Prompts come in
 through the :class:`~app.engine.input_processor.InputProcessor` (tokenising and validation).
 
+Structured outputs (``SamplingParams.structured_outputs``): ``add_request`` compiles the grammar (cached; a
+ValueError for an invalid or too large spec), each sequence gets its own matcher, every step fills the
+allowed-token bitmask of the constrained rows and the sampler applies it, and the update advances the
+matchers with the appended tokens (see :mod:`app.engine.guided`).
+
 Not thread-safe: one thread drives an engine (``AsyncEngine`` serialises access for servers).
 """
 
@@ -28,6 +33,7 @@ from app.engine.core.block_manager import BlockManager, num_blocks_for_budget
 from app.engine.core.sampling_params import SamplingParams
 from app.engine.core.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
+from app.engine.guided.matcher import GuidedDecoding
 from app.engine.input_processor import InputProcessor, PromptInput, TokenizedPrompt
 from app.engine.metrics import EngineStats, StatsCollector
 from app.engine.model_runner import ModelRunner
@@ -216,7 +222,10 @@ class LLMEngine:
             model, num_blocks=num_blocks, block_size=config.block_size, dtype=dtype, device=device
         )
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
+        self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids)
         self.spec_decoder = self._make_spec_decoder(spec, num_blocks) if spec else None
+        if self.spec_decoder is not None:
+            self.spec_decoder.guide = self.guided.bitmask_for
         self.stats = StatsCollector()
         self.input_processor = InputProcessor(
             tokenizer, vocab_size=self.vocab_size, max_model_len=self.max_model_len, eos_token_ids=eos_ids
@@ -337,10 +346,14 @@ class LLMEngine:
         if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already in use")
         group = self.input_processor.make_group(request_id, ids, sampling_params, priority, arrival_time)
+        spec = group.parent.sampling_params.structured_outputs
+        compiled = self.guided.compile(spec) if spec is not None else None  # ValueError: nothing added
         try:
             self.scheduler.add(group)
         except QueueFullError as exc:
             raise EngineQueueFullError(str(exc)) from None
+        if compiled is not None:
+            self.guided.add_request(request_id, group.seqs, compiled)
         self.output_processor.add_request(request_id, text, ids, group)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -349,6 +362,7 @@ class LLMEngine:
         if request_id not in self.output_processor:
             return None
         self.scheduler.abort(request_id)
+        self.guided.release(request_id)
         return self.output_processor.finish_request(request_id, time.monotonic())
 
     def has_unfinished_requests(self) -> bool:
@@ -380,13 +394,20 @@ class LLMEngine:
             results = self._sample(logits, seqs)
         num_before = [s.num_output_tokens for s in seqs]
         self.scheduler.update(scheduled, _sampled_token_ids(seqs, results))
-        return self.output_processor.process(seqs, results, num_before, emit_unfinished=emit_unfinished)
+        if len(self.guided):
+            self.guided.advance(seqs, num_before, self.scheduler.finish_sequence)
+        outputs = self.output_processor.process(seqs, results, num_before, emit_unfinished=emit_unfinished)
+        if len(self.guided):
+            for output in outputs:
+                if output.finished:
+                    self.guided.release(output.request_id)
+        return outputs
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[list[SampleResult]]:
         if not seqs:
             return []
         rows = [SamplingRow.from_sequence(s) for s in seqs]
-        return [[r] for r in self.sampler.sample(logits, rows)]
+        return [[r] for r in self.sampler.sample(logits, rows, self.guided.bitmask_for(seqs))]
 
     # ---- offline API ----
     def generate(

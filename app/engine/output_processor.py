@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from app.engine.core.sampling_params import SamplingParams
@@ -53,27 +53,31 @@ class SeqState:
 
     __slots__ = ("cumulative_logprob", "detok", "logprobs", "num_detok", "seq", "text", "visible")
 
-    def __init__(self, seq: Sequence, detok: Detokenizer, want_logprobs: bool) -> None:
+    def __init__(
+        self, seq: Sequence, detok: Detokenizer, want_logprobs: bool, track_cumulative: bool = False
+    ) -> None:
         self.seq = seq
         self.detok = detok
         self.num_detok = 0  # output tokens already fed to the detokenizer
         self.text = ""  # detokenized text (cut at a matched stop string)
         self.visible = 0  # leading characters of ``text`` that are final (no pending stop-string prefix)
         self.logprobs: list[dict[int, float]] | None = [] if want_logprobs else None
-        self.cumulative_logprob: float | None = 0.0 if want_logprobs else None
+        # Summed when logprobs are asked for, or to rank best_of candidates (then without per-token entries).
+        self.cumulative_logprob: float | None = 0.0 if want_logprobs or track_cumulative else None
 
     def add_logprobs(self, results: Iterable[SampleResult]) -> None:
         """Record the logprobs of newly appended tokens (the sampled one first, then the top alternatives)."""
-        if self.logprobs is None:
+        if self.cumulative_logprob is None:
             return
         for res in results:
             if res.logprob is None:
                 continue
-            entry = {res.token_id: res.logprob}
-            if res.top_logprobs:
-                entry.update({k: v for k, v in res.top_logprobs.items() if k != res.token_id})
-            self.logprobs.append(entry)
-            self.cumulative_logprob = (self.cumulative_logprob or 0.0) + res.logprob
+            if self.logprobs is not None:
+                entry = {res.token_id: res.logprob}
+                if res.top_logprobs:
+                    entry.update({k: v for k, v in res.top_logprobs.items() if k != res.token_id})
+                self.logprobs.append(entry)
+            self.cumulative_logprob += res.logprob
 
     def completion(self) -> CompletionOutput:
         seq = self.seq
@@ -105,12 +109,26 @@ class RequestState:
     def __post_init__(self) -> None:
         self.by_seq_id = {st.seq.seq_id: st for st in self.states}
 
+    @property
+    def picks_best(self) -> bool:
+        """``best_of > n``: the outputs are the ``n`` best candidates, known only when all have finished."""
+        return self.params.num_candidates > self.params.n
+
+    def completions(self) -> list[CompletionOutput]:
+        """One per sequence; with ``best_of > n`` the ``n`` highest cumulative logprobs (re-indexed 0..n-1,
+        best first) once the request finished."""
+        outputs = [st.completion() for st in self.states]
+        if self.picks_best and self.group.is_finished:
+            ranked = sorted(outputs, key=lambda o: -(o.cumulative_logprob or 0.0))[: self.params.n]
+            outputs = [replace(o, index=i) for i, o in enumerate(ranked)]
+        return outputs
+
     def make_output(self) -> RequestOutput:
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=[st.completion() for st in self.states],
+            outputs=self.completions(),
             finished=self.group.is_finished,
             metrics=self.metrics.copy(),
             num_cached_tokens=self.metrics.num_cached_tokens,
@@ -163,6 +181,7 @@ class OutputProcessor:
                 s,
                 self.tokenizer.incremental_detokenizer(prompt_token_ids, params.skip_special_tokens),
                 want_logprobs,
+                track_cumulative=params.needs_sample_logprob,
             )
             for s in group.seqs
         ]
@@ -250,7 +269,7 @@ class OutputProcessor:
                 itls.append(itl)
             if req.group.is_finished:
                 outputs.append(self._finish(req, now))
-            elif emit_unfinished:
+            elif emit_unfinished and not req.picks_best:  # best_of > n: the best are not known yet
                 outputs.append(req.make_output())
         stats.record_step(sum(touched.values()), itls)
         return outputs

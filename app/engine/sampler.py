@@ -6,6 +6,9 @@ Processing order (the same as vLLM's V1 sampler, so that requests behave alike o
 2. Penalties: repetition (prompt + output tokens, HF/vLLM semantics), then frequency and presence (output
    tokens only, OpenAI semantics).
 3. ``min_tokens``: eos and ``stop_token_ids`` are masked to ``-inf`` while too few tokens were generated.
+   Guided decoding: the grammar's allowed-token bitmask sets every other token of the constrained rows to
+   ``-inf``, in one batched pass (``app.engine.guided.bitmask``); those rows skip the ``min_tokens`` mask,
+   as the grammar alone decides when the output may end.
 4. Greedy rows (temperature ~ 0) take the argmax here: nothing random touches them.
 5. Sampled rows: divide by temperature, mask by ``min_p``, then ``top_k``, then ``top_p`` (on the
    distribution left by the previous masks), then draw.
@@ -38,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.core.sampling_params import SamplingParams
+from app.engine.guided.bitmask import TokenBitmask, apply_bitmask
 
 if TYPE_CHECKING:
     from app.engine.core.sequence import Sequence
@@ -131,7 +135,11 @@ def seeded_uniform(seed: int, seq_index: int, position: int, draw: int = 0) -> f
 class _Plan:
     """The batch's per-row options flattened into lists, gathered in one Python pass over the rows."""
 
-    def __init__(self, rows: SequenceOf[SamplingRow], vocab_size: int) -> None:
+    def __init__(
+        self, rows: SequenceOf[SamplingRow], vocab_size: int, guide: TokenBitmask | None = None
+    ) -> None:
+        self.guide = guide if guide is not None and guide.rows else None
+        constrained = frozenset(self.guide.rows) if self.guide is not None else frozenset()
         self.greedy: list[int] = []
         self.sampled: list[int] = []
         self.temperature: list[float] = []  # per sampled row
@@ -172,18 +180,20 @@ class _Plan:
                     if 0 <= token_id < v:
                         self.bias_index.append(i * v + token_id)
                         self.bias_values.append(bias)
-            if len(row.output_token_ids) < p.min_tokens:
+            if len(row.output_token_ids) < p.min_tokens and i not in constrained:
                 stops = set(p.stop_token_ids or ())
                 if row.eos_token_id is not None and not p.ignore_eos:
                     stops.add(row.eos_token_id)  # with ignore_eos, eos is an ordinary token: nothing to mask
                 self.mask_index.extend(i * v + t for t in stops if 0 <= t < v)
-            if p.logprobs is not None:
+            if p.needs_sample_logprob:  # asked for, or to rank best_of candidates (their logprob only)
                 self.logprob_rows.append(i)
-                self.logprob_n.append(min(p.logprobs, v))
+                self.logprob_n.append(min(p.logprobs or 0, v))
 
     @property
     def modifies_logits(self) -> bool:
-        return bool(self.sampled or self.rep_rows or self.fp_rows or self.bias_index or self.mask_index)
+        return bool(
+            self.sampled or self.rep_rows or self.fp_rows or self.bias_index or self.mask_index or self.guide
+        )
 
 
 class Sampler:
@@ -208,7 +218,10 @@ class Sampler:
         self.max_top_p_rounds = 64
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, rows: SequenceOf[SamplingRow]) -> list[SampleResult]:
+    def sample(
+        self, logits: torch.Tensor, rows: SequenceOf[SamplingRow], guide: TokenBitmask | None = None
+    ) -> list[SampleResult]:
+        """One token per row; ``guide`` masks the constrained rows to their grammar's allowed tokens."""
         if logits.dim() != 2:
             raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
         batch, vocab = logits.shape
@@ -216,7 +229,7 @@ class Sampler:
             raise ValueError(f"{batch} logits rows but {len(rows)} sampling rows")
         if batch == 0:
             return []
-        plan = _Plan(rows, vocab)
+        plan = _Plan(rows, vocab, guide)
 
         if not plan.modifies_logits:
             # Pure greedy without penalties: an argmax and nothing else (argmax is exact in any dtype).
@@ -232,6 +245,8 @@ class Sampler:
             if plan.mask_index:
                 flat = work.view(-1)
                 flat.index_fill_(0, self._long(plan.mask_index, work.device), _NEG_INF)
+            if plan.guide is not None:
+                apply_bitmask(work, plan.guide)
             tokens = torch.empty(batch, dtype=torch.long, device=logits.device)
             if plan.greedy:
                 self._sample_greedy(work, plan, tokens)

@@ -19,6 +19,14 @@ token plain decoding would pick, and the output is the same token for token.
 
 The cache slots of rejected proposals hold garbage past the sequence's length; they are overwritten when
 those positions are computed for real, and blocks that only they used go back to the pool.
+
+Guided decoding (structured outputs): speculation is off for constrained sequences (the scheduler gives them
+no lookahead slots) and they decode one token per step, masked by their grammar, in the same batch as the
+speculating ones. Exact verification would need ``p_j`` masked by the grammar state *after* the earlier
+proposals: advancing each matcher through its ``k`` proposals to fill ``k + 1`` masks per row per step (the
+mask fill is the grammar's main per-token cost), rolling back the rejected suffix, and for a draft model
+masking ``q`` too, while proposals drawn without the grammar (n-gram lookup in the prompt, an unmasked draft)
+mostly break it at once and would be rejected anyway.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ from app.engine.core.sequence import Sequence
 from app.engine.sampler import Sampler, SampleResult, SamplingRow, seeded_uniform
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from app.engine.guided.bitmask import TokenBitmask
     from app.engine.model_runner import ModelRunner
     from app.engine.models.base import PagedCausalLM
 
@@ -600,6 +611,11 @@ class SpeculativeDecoder:
         self.uniforms = _Uniforms(seed)
         self.stats = SpecDecodeStats(num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens)
         self.propose_s = 0.0  # time spent proposing (the draft model's passes), for benchmarks
+        # Grammar masks for the rows sampled one token at a time (the engine's guided decoding), or None.
+        self.guide: Callable[[Seq[Sequence]], TokenBitmask | None] | None = None
+
+    def _mask(self, seqs: Seq[Sequence]) -> TokenBitmask | None:
+        return self.guide(seqs) if self.guide is not None and seqs else None
 
     def _propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         t0 = time.perf_counter()
@@ -627,7 +643,9 @@ class SpeculativeDecoder:
         if not by_id:  # nothing to verify (no n-gram matched): an ordinary step
             plain_logits, plain_seqs = self.runner.execute(out)
             rows = [SamplingRow.from_sequence(s) for s in plain_seqs]
-            return plain_seqs, [[r] for r in self.sampler.sample(plain_logits, rows)] if plain_seqs else []
+            if not plain_seqs:
+                return plain_seqs, []
+            return plain_seqs, [[r] for r in self.sampler.sample(plain_logits, rows, self._mask(plain_seqs))]
 
         # One target pass: every scheduled sequence with its proposals appended.
         items: list[tuple[Sequence | _SeqView, int]] = []
@@ -666,8 +684,11 @@ class SpeculativeDecoder:
         results: list[list[SampleResult]] = [[] for _ in sampling_seqs]
         if plain:
             index = torch.tensor([row_of[i] for i in plain], dtype=torch.long, device=logits.device)
+            plain_seqs = [sampling_seqs[i] for i in plain]
             plain_results = self.sampler.sample(
-                logits.index_select(0, index), [SamplingRow.from_sequence(sampling_seqs[i]) for i in plain]
+                logits.index_select(0, index),
+                [SamplingRow.from_sequence(seq) for seq in plain_seqs],
+                self._mask(plain_seqs),
             )
             for i, res in zip(plain, plain_results, strict=True):
                 results[i] = [res]
@@ -717,7 +738,7 @@ class SpeculativeDecoder:
         for seq, prop, a, token in zip(seqs, proposals, num_accepted, final, strict=True):
             tokens = [*prop.tokens[:a], token]
             emitted.append(tokens)
-            if seq.sampling_params.logprobs is not None:
+            if seq.sampling_params.needs_sample_logprob:
                 score_rows.extend(range(offset, offset + a + 1))
                 score_sampling.extend(sampling_rows[offset : offset + a + 1])
                 score_tokens.extend(tokens)
@@ -734,7 +755,7 @@ class SpeculativeDecoder:
             else []
         )
         for slot, seq, tokens in zip(slots, seqs, emitted, strict=True):
-            if seq.sampling_params.logprobs is not None:
+            if seq.sampling_params.needs_sample_logprob:
                 results[slot] = [next(scored) for _ in tokens]
             else:
                 results[slot] = [SampleResult(t) for t in tokens]

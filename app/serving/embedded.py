@@ -43,8 +43,8 @@ from app.serving.backends.base import (
     QueueFullError,
 )
 from app.serving.backends.local import default_served_name
+from app.serving.chat import chat_messages
 from app.serving.errors import APIError
-from app.serving.openai_serving import _messages
 from app.serving.params import chat_sampling_params
 from app.serving.schemas import ChatCompletionRequest
 
@@ -250,7 +250,7 @@ class EmbeddedEngineClient(LLMClient):
         try:
             body = ChatCompletionRequest.model_validate(payload)
             params = chat_sampling_params(body)
-            messages = _messages(body.messages)
+            messages = chat_messages(body.messages)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "request"

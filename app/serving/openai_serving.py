@@ -6,6 +6,10 @@ turn them into ``chat.completion.chunk`` / ``text_completion`` SSE events ending
 Streaming responses are primed: the first backend chunk is awaited before the response starts, so a full
 queue or a bad prompt is an HTTP status, not an error event. Closing a stream (client gone) closes every
 backend stream under it, which aborts the requests in the engine.
+
+Constrained output comes from the request's own fields (``structured``) or from its tools (``tools``: a
+schema for a forced call, a structural tag for ``auto``), never both; chat responses carry tool calls as
+``chat`` shapes them. A backend without structured outputs gets a 400 naming the field instead.
 """
 
 from __future__ import annotations
@@ -14,11 +18,8 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
-
-import orjson
 
 from app.serving.backends.base import (
     Backend,
@@ -27,117 +28,41 @@ from app.serving.backends.base import (
     GenerationChunk,
     GenerationRequest,
     HealthStatus,
-    TokenLogprob,
-    Usage,
 )
-from app.serving.errors import APIError, bad_request, error_body, model_not_found
+from app.serving.chat import chat_body, chat_head, chat_messages, chat_sse
+from app.serving.errors import bad_request, error_body, model_not_found
 from app.serving.metrics import ServingMetrics
-from app.serving.params import chat_sampling_params, completion_prompts, completion_sampling_params
+from app.serving.params import (
+    chat_sampling_params,
+    completion_prompts,
+    completion_sampling_params,
+    reject_unsupported,
+)
+from app.serving.responses import (
+    DONE,
+    Choice,
+    UsageTally,
+    aclose,
+    collect,
+    completion_logprobs,
+    sse,
+    usage_body,
+)
 from app.serving.schemas import (
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
+from app.serving.structured import Structure, request_structure, upstream_structure_fields
+from app.serving.tools import ToolPlan, combined_structure, plan_tools, upstream_tool_fields
 
 T = TypeVar("T")
-DONE = b"data: [DONE]\n\n"
-_MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 _END = object()
-
-
-def _sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(body) + b"\n\n"
-
-
-def _lp(value: float) -> float:
-    return value if value > _MIN_LOGPROB else _MIN_LOGPROB
-
-
-async def _aclose(stream: AsyncIterator[Any]) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
-# ---------------------------------------------------------------------------------------------- logprobs
-def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
-    return {
-        "content": [
-            {
-                "token": e.token,
-                "logprob": _lp(e.logprob),
-                "bytes": list(e.token.encode("utf-8")),
-                "top_logprobs": [
-                    {"token": t.token, "logprob": _lp(t.logprob), "bytes": list(t.token.encode("utf-8"))}
-                    for t in e.top
-                ],
-            }
-            for e in entries
-        ]
-    }
-
-
-def completion_logprobs(entries: Sequence[TokenLogprob], start_offset: int) -> tuple[dict[str, Any], int]:
-    """The legacy completions logprobs object, and the text offset after its tokens."""
-    tokens: list[str] = []
-    values: list[float] = []
-    tops: list[dict[str, float]] = []
-    offsets: list[int] = []
-    offset = start_offset
-    for e in entries:
-        tokens.append(e.token)
-        values.append(_lp(e.logprob))
-        tops.append({t.token: _lp(t.logprob) for t in e.top})
-        offsets.append(offset)
-        offset += len(e.token)
-    body = {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
-    return body, offset
-
-
-def usage_body(usage: Usage) -> dict[str, int]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-    }
+_aclose = aclose
 
 
 # ---------------------------------------------------------------------------------------------- streams
-@dataclass
-class _Choice:
-    text: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    num_tokens: int = 0
-    finish_reason: str | None = None
-
-
-class _UsageTally:
-    """Usage over several prompts' streams: the backend's final usage, else what the chunks showed."""
-
-    def __init__(self, num_prompts: int) -> None:
-        self.prompt = [0] * num_prompts
-        self.completion = [0] * num_prompts
-        self.final: dict[int, Usage] = {}
-
-    def add(self, p: int, chunk: GenerationChunk) -> None:
-        if chunk.num_prompt_tokens is not None:
-            self.prompt[p] = chunk.num_prompt_tokens
-        for d in chunk.deltas:
-            self.completion[p] += len(d.token_ids)
-        if chunk.usage is not None:
-            self.final[p] = chunk.usage
-
-    def total(self) -> Usage:
-        prompt = completion = 0
-        for p in range(len(self.prompt)):
-            u = self.final.get(p)
-            prompt += u.prompt_tokens if u else self.prompt[p]
-            completion += u.completion_tokens if u else self.completion[p]
-        return Usage(prompt, completion)
-
-
 async def _merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """Items of several streams as they come, tagged with the stream's position."""
     if len(streams) == 1:
@@ -246,7 +171,7 @@ class OpenAIServing:
             raise bad_request("send exactly one of 'prompt' or 'messages'", "prompt")
         if req.messages is not None:
             tokens = await self.backend.tokenize(
-                messages=_messages(req.messages),
+                messages=chat_messages(req.messages),
                 add_special_tokens=bool(req.add_special_tokens),
                 add_generation_prompt=req.add_generation_prompt,
             )
@@ -314,113 +239,72 @@ class OpenAIServing:
         finally:
             await _aclose(stream)
 
-    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
-        model = self.check_model(req.model)
-        params = chat_sampling_params(req)
-        messages = _messages(req.messages)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+    def _structure_supported(self, structure: Structure | None) -> None:
+        if structure is not None and not self.backend.supports_structured_outputs:
+            raise bad_request(
+                f"structured outputs ({structure.param}) need the native or vllm backend; this server runs "
+                f"the {self.backend.name} backend",
+                structure.param,
+            )
+
+    def _chat_request(self, rid: str, req: ChatCompletionRequest) -> tuple[GenerationRequest, ToolPlan | None]:
+        backend = self.backend
+        reject_unsupported(req)  # before the tool fields: a 'functions' request is told about 'functions'
+        plan = plan_tools(
+            req, upstream=backend.parses_tool_calls, constrain=backend.supports_structured_outputs
+        )
+        structure = combined_structure(plan, request_structure(req))
+        self._structure_supported(structure)
+        params = chat_sampling_params(req, structure)
         request = GenerationRequest(
             rid,
             params,
-            messages=messages,
+            messages=chat_messages(req.messages),
             add_generation_prompt=req.add_generation_prompt,
             chat_template_kwargs=dict(req.chat_template_kwargs or {}),
             priority=req.priority,
+            tools=(plan.prompt_tools or None) if plan is not None and not backend.parses_tool_calls else None,
+            structured_param=structure.param if structure is not None else None,
+            upstream_fields={**upstream_structure_fields(req), **upstream_tool_fields(req)},
         )
+        return request, plan
+
+    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
+        model = self.check_model(req.model)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        request, plan = self._chat_request(rid, req)
+        n = request.params.n
+        parser = plan.parser if plan is not None else lambda: None
         (stream,) = await self._open([request])
-        created = int(time.time())
+        head = chat_head(rid, int(time.time()), model)
         want_logprobs = bool(req.logprobs)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             primed = await _prime(stream)
-            return self._chat_sse(rid, created, model, primed, params.n, include_usage, want_logprobs)
-        choices = [_Choice() for _ in range(params.n)]
-        tally = _UsageTally(1)
+            return chat_sse(head, primed, n, include_usage, want_logprobs, parser)
+        choices = [Choice() for _ in range(n)]
+        tally = UsageTally(1)
         try:
             async for chunk in stream:
                 tally.add(0, chunk)
-                _collect(choices, chunk, 0)
+                collect(choices, chunk, 0)
         finally:
-            await _aclose(stream)
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": "".join(c.text)},
-                    "logprobs": chat_logprobs(c.logprobs) if want_logprobs else None,
-                    "finish_reason": c.finish_reason or "stop",
-                }
-                for i, c in enumerate(choices)
-            ],
-            "usage": usage_body(tally.total()),
-            "system_fingerprint": None,
-        }
-
-    async def _chat_sse(
-        self,
-        rid: str,
-        created: int,
-        model: str,
-        stream: AsyncIterator[GenerationChunk],
-        n: int,
-        include_usage: bool,
-        want_logprobs: bool,
-    ) -> AsyncIterator[bytes]:
-        head: dict[str, Any] = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-        }
-        head["system_fingerprint"] = None
-        if include_usage:
-            head["usage"] = None
-        tally = _UsageTally(1)
-        try:
-            for i in range(n):
-                role = {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                yield _sse({**head, "choices": [role]})
-            async for chunk in stream:
-                tally.add(0, chunk)
-                choices = []
-                for d in chunk.deltas:
-                    entries = d.logprobs if want_logprobs else None
-                    if not (d.text or d.finish_reason or entries):
-                        continue
-                    choices.append(
-                        {
-                            "index": d.index,
-                            "delta": {"content": d.text} if d.text or entries else {},
-                            "logprobs": chat_logprobs(entries) if entries else None,
-                            "finish_reason": d.finish_reason,
-                        }
-                    )
-                if choices:
-                    yield _sse({**head, "choices": choices})
-            if include_usage:
-                yield _sse({**head, "choices": [], "usage": usage_body(tally.total())})
-        except BackendError as exc:
-            yield _sse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code))
-        finally:
-            await _aclose(stream)
-        yield DONE
+            await aclose(stream)
+        return chat_body(head, choices, usage_body(tally.total()), want_logprobs, parser)
 
     async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         model = self.check_model(req.model)
-        params = completion_sampling_params(req)
+        structure = request_structure(req)
+        self._structure_supported(structure)
+        params = completion_sampling_params(req, structure)
         prompts = completion_prompts(req)
         rid = f"cmpl-{uuid.uuid4().hex}"
+        upstream = upstream_structure_fields(req)
+        param = structure.param if structure is not None else None
         requests = [
-            GenerationRequest(f"{rid}-{i}", params, prompt=p, priority=req.priority)
+            GenerationRequest(
+                f"{rid}-{i}", params, prompt=p, priority=req.priority, structured_param=param, upstream_fields=upstream
+            )
             for i, p in enumerate(prompts)
         ]
         echo_texts: list[str] = []
@@ -440,12 +324,12 @@ class OpenAIServing:
             return self._completion_sse(
                 rid, created, model, primed, len(prompts), n, include_usage, want_logprobs, echo_texts
             )
-        choices = [_Choice() for _ in range(len(prompts) * n)]
-        tally = _UsageTally(len(prompts))
+        choices = [Choice() for _ in range(len(prompts) * n)]
+        tally = UsageTally(len(prompts))
         try:
             async for p, chunk in merged:
                 tally.add(p, chunk)
-                _collect(choices, chunk, p * n)
+                collect(choices, chunk, p * n)
         finally:
             await _aclose(merged)
         out = []
@@ -486,7 +370,7 @@ class OpenAIServing:
         head["system_fingerprint"] = None
         if include_usage:
             head["usage"] = None
-        tally = _UsageTally(num_prompts)
+        tally = UsageTally(num_prompts)
         offsets = [len(echo_texts[i // n]) if echo_texts else 0 for i in range(num_prompts * n)]
         echoed = [not echo_texts] * (num_prompts * n)
         try:
@@ -509,40 +393,11 @@ class OpenAIServing:
                         {"index": index, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}
                     )
                 if choices:
-                    yield _sse({**head, "choices": choices})
+                    yield sse({**head, "choices": choices})
             if include_usage:
-                yield _sse({**head, "choices": [], "usage": usage_body(tally.total())})
+                yield sse({**head, "choices": [], "usage": usage_body(tally.total())})
         except BackendError as exc:
-            yield _sse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code))
+            yield sse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code))
         finally:
             await _aclose(stream)
         yield DONE
-
-
-def _collect(choices: list[_Choice], chunk: GenerationChunk, base: int) -> None:
-    for d in chunk.deltas:
-        c = choices[base + d.index]
-        if d.text:
-            c.text.append(d.text)
-        if d.logprobs:
-            c.logprobs.extend(d.logprobs)
-        c.num_tokens += len(d.token_ids)
-        if d.finish_reason:
-            c.finish_reason = d.finish_reason
-
-
-def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        bad = m.non_text_part()
-        if bad is not None:
-            raise APIError(
-                400,
-                "only text content parts ({'type': 'text', 'text': ...}) are supported by this server",
-                param=f"messages[{i}].content[{bad}]",
-            )
-        item: dict[str, Any] = {"role": m.role, "content": m.text() or ""}
-        if m.name is not None:
-            item["name"] = m.name
-        out.append(item)
-    return out

@@ -1,16 +1,26 @@
-"""Request fields → ``SamplingParams``, with every rejection reported against the field the client sent."""
+"""Request fields → ``SamplingParams``, with every rejection reported against the field the client sent.
+
+OpenAI fields this server cannot honour are refused here with a 400 naming them (``UNSUPPORTED``); fields
+nobody knows are ignored, with a debug log line naming them.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 from app.engine.core.sampling_params import SamplingParams
 from app.serving.errors import APIError, bad_request
 from app.serving.schemas import ChatCompletionRequest, CompletionRequest
+from app.serving.structured import Structure, request_structure
+
+log = logging.getLogger(__name__)
 
 # SamplingParams' messages start with the field name ("top_p must be in (0, 1], got 2.0").
 _FIELDS = (
+    "structured_outputs",
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
@@ -19,6 +29,7 @@ _FIELDS = (
     "temperature",
     "max_tokens",
     "min_tokens",
+    "best_of",
     "logprobs",
     "top_p",
     "top_k",
@@ -31,6 +42,36 @@ _FIELD_RE = re.compile(r"\b(" + "|".join(_FIELDS) + r")\b")
 LOGIT_BIAS_LIMIT = 100.0
 # OpenAI's default for /v1/completions; chat completions default to "as long as the context allows".
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+# field -> (is the value one we can serve?, why not)
+UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "functions": (_unset, "'functions' is deprecated and not served here: send 'tools' instead"),
+    "function_call": (_unset, "'function_call' is deprecated and not served here: send 'tool_choice' instead"),
+    "audio": (_unset, "audio output is not supported by this server"),
+    "modalities": (lambda v: v is None or v == ["text"], "only text output (modalities ['text']) is supported"),
+    "prediction": (_unset, "predicted outputs ('prediction') are not supported by this server"),
+    "web_search_options": (_unset, "web search is not supported by this server"),
+    "store": (lambda v: not v, "stored completions ('store': true) are not supported by this server"),
+    "reasoning_effort": (_unset, "'reasoning_effort' is not supported: the served model has no reasoning mode"),
+    "verbosity": (_unset, "'verbosity' is not supported by this server"),
+    "service_tier": (lambda v: v in (None, "auto", "default"), "this server has one service tier: 'auto'"),
+    "moderation": (_unset, "'moderation' is not supported by this server"),
+    "suffix": (lambda v: v in (None, ""), "'suffix' (insertion) is not supported by this server"),
+}
+
+
+def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """A 400 naming the first OpenAI field set to something this server cannot serve; unknown fields logged."""
+    for name, (ok, why) in UNSUPPORTED.items():
+        if name in type(req).model_fields and not ok(getattr(req, name)):
+            raise bad_request(why, name)
+    if req.model_extra:
+        log.debug("ignoring unknown request fields: %s", ", ".join(sorted(req.model_extra)))
 
 
 def param_of(message: str) -> str | None:
@@ -60,7 +101,19 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     return out
 
 
-def _common(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+class _Requested:
+    """The default of ``structure=``: the constraint the request's own fields ask for."""
+
+
+REQUESTED = _Requested()
+
+
+def _common(
+    req: ChatCompletionRequest | CompletionRequest, structure: Structure | _Requested | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    reject_unsupported(req)
+    if isinstance(structure, _Requested):
+        structure = request_structure(req)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options can only be given when stream is true", "stream_options")
     kwargs: dict[str, Any] = {
@@ -87,7 +140,11 @@ def _common(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
             kwargs[name] = value
     if req.top_k is not None:
         kwargs["top_k"] = req.top_k
-    return kwargs
+    renames: dict[str, str] = {}
+    if structure is not None:
+        kwargs["structured_outputs"] = structure.params
+        renames["structured_outputs"] = structure.param
+    return kwargs, renames
 
 
 def _build(kwargs: dict[str, Any], renames: dict[str, str]) -> SamplingParams:
@@ -99,9 +156,12 @@ def _build(kwargs: dict[str, Any], renames: dict[str, str]) -> SamplingParams:
         raise bad_request(str(exc), param) from None
 
 
-def chat_sampling_params(req: ChatCompletionRequest) -> SamplingParams:
-    kwargs = _common(req)
-    renames: dict[str, str] = {"logprobs": "top_logprobs"}
+def chat_sampling_params(
+    req: ChatCompletionRequest, structure: Structure | _Requested | None = REQUESTED
+) -> SamplingParams:
+    """``structure``: the output constraint (the tools' or the request's); by default the request's own."""
+    kwargs, renames = _common(req, structure)
+    renames["logprobs"] = "top_logprobs"
     if req.max_completion_tokens is not None:
         kwargs["max_tokens"] = req.max_completion_tokens
         renames["max_tokens"] = "max_completion_tokens"
@@ -114,11 +174,19 @@ def chat_sampling_params(req: ChatCompletionRequest) -> SamplingParams:
     return _build(kwargs, renames)
 
 
-def completion_sampling_params(req: CompletionRequest) -> SamplingParams:
-    kwargs = _common(req)
+def completion_sampling_params(
+    req: CompletionRequest, structure: Structure | _Requested | None = REQUESTED
+) -> SamplingParams:
+    kwargs, renames = _common(req, structure)
     kwargs["max_tokens"] = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     kwargs["logprobs"] = req.logprobs
-    return _build(kwargs, {})
+    if req.best_of is not None:
+        if req.best_of < req.n:
+            raise bad_request(f"best_of ({req.best_of}) must be greater than or equal to n ({req.n})", "best_of")
+        if req.stream and req.best_of > req.n:
+            raise bad_request("best_of greater than n cannot be used with stream", "best_of")
+        kwargs["best_of"] = req.best_of
+    return _build(kwargs, renames)
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
@@ -139,9 +207,12 @@ def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
 
 
 __all__ = [
+    "REQUESTED",
+    "UNSUPPORTED",
     "APIError",
     "chat_sampling_params",
     "completion_prompts",
     "completion_sampling_params",
     "param_of",
+    "reject_unsupported",
 ]

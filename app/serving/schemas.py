@@ -1,12 +1,15 @@
-"""Request bodies of the OpenAI-compatible API (with vLLM's extra sampling fields).
+"""Request bodies of the OpenAI-compatible API (with vLLM's extra sampling and structured-output fields).
 
-Unknown fields are ignored, as OpenAI does. Types and ranges that pydantic can check are checked here (a
-400 naming the field); the rest is checked by ``SamplingParams`` and mapped back to the field by ``params``.
+Truly unknown top-level fields are kept aside (``model_extra``) and ignored, as vLLM does; the server logs
+their names at debug level. OpenAI fields this server cannot honour are declared (as ``Any``) so that
+``params.reject_unsupported`` can answer a 400 naming them. Types and ranges that pydantic can check are
+checked here (a 400 naming the field); the rest is checked by ``SamplingParams``, ``structured`` and ``tools``
+and mapped back to the field the client sent.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -33,12 +36,69 @@ class _Request(_Body):
         return json_limits.validate(data)
 
 
+class _Forwarded(_Body):
+    """A nested object a proxy backend forwards upstream as sent: unknown keys are kept (``model_dump``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _OpenRequest(_Request):
+    """A generation request: unknown top-level fields are kept in ``model_extra`` (logged, then ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _SamplingFields(_Request):
+# ---------------------------------------------------------------------------------------------- structure
+class JsonSchemaFormat(_Forwarded):
+    """OpenAI's ``response_format.json_schema``: ``{"name", "description", "schema", "strict"}``."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Forwarded):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object: {\"name\": ..., \"schema\": {...}}")
+        return self
+
+
+class StructuredOutputsRequest(_Forwarded):
+    """vLLM's ``structured_outputs``: exactly one of these constrains the output."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+
+
+class _StructuredFields(_OpenRequest):
+    """Constrained output, in OpenAI's and vLLM's spellings (``structured``: at most one source)."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: Any = None  # vLLM's: the engine has one backend; ignored (debug log)
+    guided_whitespace_pattern: Any = None  # vLLM's: ignored (debug log)
+
+
+class _SamplingFields(_StructuredFields):
     model: str | None = None
     max_tokens: int | None = Field(default=None, le=_INT_MAX)
     temperature: Float | None = None
@@ -73,10 +133,25 @@ class TextPart(_Body):
     text: str | None = None
 
 
+class ToolCallFunction(_Body):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; a JSON object is accepted too
+
+
+class ToolCall(_Body):
+    """An earlier assistant turn's call, as OpenAI returned it."""
+
+    id: str | None = None
+    type: str = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: str = Field(min_length=1)
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages
 
     def text(self) -> str | None:
         """The content as one string (text parts joined by newlines, as vLLM does)."""
@@ -92,6 +167,31 @@ class ChatMessage(_Body):
         return None
 
 
+# ---------------------------------------------------------------------------------------------- tools
+class FunctionDefinition(_Forwarded):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class ToolDefinition(_Forwarded):
+    type: str  # only "function" is served (tools.plan_tools says so, naming the tool)
+    function: FunctionDefinition | None = None
+
+
+class NamedFunction(_Forwarded):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Forwarded):
+    type: str
+    function: NamedFunction | None = None
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, le=_INT_MAX)
@@ -99,6 +199,27 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # OpenAI fields this server does not serve: a 400 naming them when set (params.reject_unsupported)
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    store: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    service_tier: Any = None
+    moderation: Any = None
+    # OpenAI fields that change nothing here (bookkeeping and cache hints): accepted and ignored
+    metadata: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    safety_identifier: Any = None
 
 
 PromptType = str | list[int] | list[str] | list[list[int]]
@@ -108,7 +229,8 @@ class CompletionRequest(_SamplingFields):
     prompt: PromptType
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = False
-    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    suffix: Any = None  # not served: a 400 when set (params.reject_unsupported)
 
 
 class TokenizeRequest(_Request):

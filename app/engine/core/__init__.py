@@ -6,7 +6,7 @@ module), so it is tested by feeding fake sampled tokens, and the rest of the eng
 """
 
 from app.engine.core.block_manager import BlockManager, hash_block, num_blocks_for_budget
-from app.engine.core.sampling_params import SamplingParams
+from app.engine.core.sampling_params import SamplingParams, StructuredOutputsParams
 from app.engine.core.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from app.engine.core.stop_checker import StopChecker, partial_stop_length
@@ -22,6 +22,7 @@ __all__ = [
     "SequenceGroup",
     "SequenceStatus",
     "StopChecker",
+    "StructuredOutputsParams",
     "hash_block",
     "num_blocks_for_budget",
     "partial_stop_length",

@@ -1,14 +1,134 @@
-"""Per-request sampling and stopping options, named and defaulted like vLLM's ``SamplingParams``."""
+"""Per-request sampling and stopping options, named and defaulted like vLLM's ``SamplingParams``, and the
+structured-output (guided decoding) spec, vLLM's ``StructuredOutputsParams``.
+
+Only the spec lives here (plain data, checked on construction); compiling it and masking tokens is done by
+``app.engine.guided``, outside the torch-free core.
+"""
 
 from __future__ import annotations
 
+import json as jsonlib
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
-__all__ = ["SamplingParams"]
+__all__ = ["SamplingParams", "StructuredOutputsParams"]
 
 # Below this temperature a request is treated as greedy (argmax); dividing logits by ~0 would overflow.
 _GREEDY_EPS = 1e-5
+
+_STRUCTURED_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output to a grammar: set exactly one field.
+
+    ``json``: a JSON schema (a dict, or its JSON text); ``regex``: a regular expression the whole output
+    matches; ``choice``: the output is one of these strings; ``grammar``: an EBNF grammar in xgrammar's GBNF
+    dialect (``root ::= ...``); ``json_object``: any JSON object; ``structural_tag``: free text until one of
+    ``triggers`` appears, then the structure whose ``begin`` it starts, its ``schema`` as JSON, and its
+    ``end``. Missing, doubled or malformed fields raise ValueError naming them; whether a schema, regex or
+    grammar compiles (and its size limit) is checked when the request is added to an engine.
+    """
+
+    json: dict[str, Any] | str | None = None  # a JSON schema (object or JSON text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # an EBNF grammar (xgrammar's GBNF dialect)
+    json_object: bool = False  # any JSON object
+    # {"triggers": ["<tool_call>"], "structures": [{"begin": "<tool_call>", "schema": {...},
+    # "end": "</tool_call>"}]}: free text until a trigger, then the structure's schema
+    structural_tag: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        given = self._given()
+        if len(given) != 1:
+            raise ValueError(
+                f"structured_outputs needs exactly one of {', '.join(_STRUCTURED_FIELDS)}; "
+                f"got {' and '.join(given) if given else 'none'}"
+            )
+        self._check(given[0])
+
+    def _given(self) -> list[str]:
+        return [
+            f
+            for f in _STRUCTURED_FIELDS
+            if (self.json_object is True if f == "json_object" else getattr(self, f) is not None)
+        ]
+
+    @property
+    def kind(self) -> str:
+        """The name of the field that is set."""
+        return self._given()[0]
+
+    @property
+    def value(self) -> Any:
+        """The value of the field that is set (a JSON schema given as text stays text)."""
+        return getattr(self, self.kind)
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> StructuredOutputsParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown structured_outputs field(s) {unknown}; known: {sorted(known)}")
+        return cls(**dict(value))
+
+    def _check(self, kind: str) -> None:
+        if kind == "json":
+            schema = self.json
+            if isinstance(schema, str):
+                try:
+                    schema = jsonlib.loads(schema)
+                except jsonlib.JSONDecodeError as exc:
+                    raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
+            if not isinstance(schema, dict | bool):
+                raise ValueError(
+                    f"structured_outputs.json must be a JSON schema object, got {type(schema).__name__}"
+                )
+        elif kind in ("regex", "grammar"):
+            value = getattr(self, kind)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"structured_outputs.{kind} must be a non-empty string")
+        elif kind == "choice":
+            choice = self.choice
+            if (
+                not isinstance(choice, list | tuple)
+                or not choice
+                or any(not isinstance(c, str) or not c for c in choice)
+            ):
+                raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
+            self.choice = list(choice)
+        elif kind == "structural_tag":
+            _check_structural_tag(self.structural_tag)
+
+
+def _check_structural_tag(tag: Any) -> None:
+    name = "structured_outputs.structural_tag"
+    if not isinstance(tag, Mapping):
+        raise ValueError(f"{name} must be an object")
+    if tag.get("type") == "structural_tag":
+        return  # xgrammar's own structural-tag format: checked when compiled
+    triggers, structures = tag.get("triggers"), tag.get("structures")
+    if (
+        not isinstance(triggers, list)
+        or not triggers
+        or any(not isinstance(t, str) or not t for t in triggers)
+    ):
+        raise ValueError(f"{name}.triggers must be a non-empty list of non-empty strings")
+    if not isinstance(structures, list) or not structures:
+        raise ValueError(f"{name}.structures must be a non-empty list")
+    for i, s in enumerate(structures):
+        if not isinstance(s, Mapping) or not all(
+            isinstance(s.get(k), str) and s.get(k) for k in ("begin", "end")
+        ):
+            raise ValueError(f"{name}.structures[{i}] needs non-empty string 'begin' and 'end'")
+        if not isinstance(s.get("schema"), dict | bool):
+            raise ValueError(f"{name}.structures[{i}].schema must be a JSON schema object")
+        if not any(s["begin"].startswith(t) for t in triggers):
+            raise ValueError(f"{name}.structures[{i}].begin {s['begin']!r} starts with none of the triggers")
 
 
 @dataclass
@@ -37,8 +157,15 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs to return besides the sampled token's
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Guided decoding: the output follows this grammar (see StructuredOutputsParams); a dict is converted.
+    structured_outputs: StructuredOutputsParams | None = None
+    # Sample best_of candidates (sharing the prompt's KV blocks) and return the n with the highest
+    # cumulative logprob; None: n. Needs random sampling; the output comes once every candidate finished.
+    best_of: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, Mapping):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if self.top_k is None or self.top_k == 0:
             self.top_k = -1
         if self.stop is None:
@@ -56,6 +183,22 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
+
+    @property
+    def num_candidates(self) -> int:
+        """Sequences sampled for the request: ``best_of`` when given, else ``n``."""
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def needs_sample_logprob(self) -> bool:
+        """Whether the sampler must report the sampled token's logprob: asked for, or to rank best_of."""
+        return self.logprobs is not None or self.num_candidates > self.n
+
+    def check_streamable(self) -> None:
+        """Raise ValueError if the request cannot be streamed (for servers, when ``stream`` is true): with
+        ``best_of > n`` the returned sequences are only known once every candidate finished."""
+        if self.num_candidates > self.n:
+            raise ValueError(f"best_of ({self.best_of}) > n ({self.n}) cannot be streamed; set stream=false")
 
     @property
     def stop_strings(self) -> list[str]:
@@ -86,6 +229,20 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must be less than or equal to max_tokens ({self.max_tokens})"
+            )
+        if self.best_of is not None:
+            if isinstance(self.best_of, bool) or not isinstance(self.best_of, int) or self.best_of < self.n:
+                raise ValueError(f"best_of must be an integer >= n ({self.n}), got {self.best_of!r}")
+            if self.best_of > 1 and self.is_greedy:
+                raise ValueError(
+                    f"best_of must be 1 when using greedy sampling (temperature 0), got {self.best_of}"
+                )
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise ValueError(
+                "structured_outputs must be a StructuredOutputsParams or a dict, "
+                f"got {type(self.structured_outputs).__name__}"
             )
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0 (or None), got {self.logprobs}")

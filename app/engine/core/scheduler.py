@@ -343,7 +343,10 @@ class Scheduler:
 
     def _lookahead(self, seq: Sequence, budget: int) -> int:
         """Lookahead slots for decoding ``seq``: no proposal may reach past the maximum length or beyond
-        the last token ``max_tokens`` allows (the model's own token follows the accepted proposals)."""
+        the last token ``max_tokens`` allows (the model's own token follows the accepted proposals). None
+        for a sequence constrained by a grammar: it is not speculated (see ``app.engine.spec_decode``)."""
+        if seq.sampling_params.structured_outputs is not None:
+            return 0
         room = self.max_model_len - seq.num_tokens
         max_tokens = seq.sampling_params.max_tokens
         if max_tokens is not None:

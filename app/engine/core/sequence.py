@@ -134,7 +134,8 @@ class Sequence:
 
 
 class SequenceGroup:
-    """One request: ``sampling_params.n`` sequences sharing a prompt.
+    """One request: ``sampling_params.n`` sequences sharing a prompt (``best_of`` when larger: the candidates
+    of which the ``n`` best are returned).
 
     Only the first sequence (the parent) is queued and prefilled. Once its computed tokens cover every
     *full* block of the prompt except the one holding the last prompt token, the scheduler forks the
@@ -153,8 +154,8 @@ class SequenceGroup:
 
     @classmethod
     def from_sequence(cls, seq: Sequence) -> SequenceGroup:
-        """Group ``seq`` with ``n - 1`` freshly spawned siblings."""
-        return cls([seq] + [seq.spawn(i) for i in range(1, seq.sampling_params.n)])
+        """Group ``seq`` with ``n - 1`` (or ``best_of - 1``) freshly spawned siblings."""
+        return cls([seq] + [seq.spawn(i) for i in range(1, seq.sampling_params.num_candidates)])
 
     @property
     def request_id(self) -> str:

@@ -105,6 +105,13 @@ class GenerationRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
+    # OpenAI tool definitions for the chat template (left out with tool_choice "none")
+    tools: list[dict[str, Any]] | None = None
+    # The request field behind ``params.structured_outputs`` (response_format, tools, ...), for errors
+    structured_param: str | None = None
+    # Fields a proxy backend forwards upstream as the client sent them (response_format, structured_outputs,
+    # guided_*, tool_choice, parallel_tool_calls); in-process backends read ``params`` instead
+    upstream_fields: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -142,6 +149,7 @@ class SequenceDelta:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None  # "stop", "length" or "abort" on the sample's last delta
     stop_reason: int | str | None = None  # the stop string or token id that finished it, if any
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI tool-call deltas, from an upstream that parses them
 
 
 @dataclass(frozen=True)
@@ -269,6 +277,10 @@ class Backend(abc.ABC):
     """A source of completions. Subclasses register themselves by ``name`` (see ``registry``)."""
 
     name: ClassVar[str] = "backend"
+    # Whether ``params.structured_outputs`` is honoured (constrained decoding, or forwarded upstream)
+    supports_structured_outputs: ClassVar[bool] = False
+    # Whether tools are forwarded to an upstream server that reports ``tool_calls`` itself
+    parses_tool_calls: ClassVar[bool] = False
 
     def __init__(self, *, served_model_name: str, max_model_len: int | None = None) -> None:
         self.served_model_name = served_model_name

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.serving.backends.base import Backend, GenerationRequest, InvalidRequestError
+from app.serving.tool_prompt import messages_for_template, template_supports_tools
 
 __all__ = [
     "LocalBackend",
@@ -73,13 +74,26 @@ class LocalBackend(Backend):
             raise BackendUnavailableError(f"the {self.name} backend is not started yet")
         return self.codec
 
+    def template_source(self) -> str | None:
+        """The chat template's Jinja source (ours: ``codec.chat_template``; transformers': its tokenizer's)."""
+        codec = self._require_codec()
+        source = getattr(codec, "chat_template", None) or getattr(
+            getattr(codec, "tokenizer", None), "chat_template", None
+        )
+        return source if isinstance(source, str) else None
+
     def _render_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, **kw: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **kw: Any,
     ) -> str:
         codec = self._require_codec()
+        rendered, extra = messages_for_template(messages, tools, template_supports_tools(self.template_source()))
         try:
             text = codec.apply_chat_template(
-                list(messages), add_generation_prompt=add_generation_prompt, **kw
+                rendered, add_generation_prompt=add_generation_prompt, **{**kw, **extra}
             )
         except Exception as exc:  # template errors (jinja raise_exception, missing roles) are the caller's
             raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from None
@@ -93,10 +107,11 @@ class LocalBackend(Backend):
         add_special_tokens: bool,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         codec = self._require_codec()
         if messages is not None:
-            text = self._render_chat(messages, add_generation_prompt, **dict(chat_template_kwargs or {}))
+            text = self._render_chat(messages, add_generation_prompt, tools, **dict(chat_template_kwargs or {}))
             return list(codec.encode(text, add_special_tokens=False))  # the template holds BOS itself
         if isinstance(prompt, str):
             return list(codec.encode(prompt, add_special_tokens=add_special_tokens))
@@ -120,6 +135,7 @@ class LocalBackend(Backend):
             add_special_tokens=True,
             add_generation_prompt=request.add_generation_prompt,
             chat_template_kwargs=request.chat_template_kwargs,
+            tools=request.tools,
         )
         if not ids:
             raise InvalidRequestError(

@@ -9,6 +9,7 @@ the engine, which frees its KV-cache blocks at the next step boundary.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,22 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 
+# What a refusal about the prompt says (ours and the engine's); any other refusal of a request that carries a
+# structured-output constraint is the constraint's (a schema, regex or grammar the compiler cannot take).
+_PROMPT_WORDS = re.compile(r"\bprompt\b|context length|token id|request id", re.IGNORECASE)
+
+
+def _param_of_refusal(request: GenerationRequest, message: str) -> str:
+    if request.params.structured_outputs is not None and not _PROMPT_WORDS.search(message):
+        return request.structured_param or "response_format"
+    if request.params.best_of is not None and "best_of" in message:
+        return "best_of"
+    return "messages" if request.is_chat else "prompt"
+
+
 class NativeBackend(LocalBackend):
     name = "native"
+    supports_structured_outputs = True
 
     def __init__(
         self,
@@ -169,7 +184,7 @@ class NativeBackend(LocalBackend):
         except EngineDeadError as exc:
             raise BackendUnavailableError(str(exc)) from None
         except ValueError as exc:
-            raise InvalidRequestError(str(exc), param="messages" if request.is_chat else "prompt") from None
+            raise InvalidRequestError(str(exc), param=_param_of_refusal(request, str(exc))) from None
         return ClosingStream(self._stream(request, len(ids), stream), stream.abort)
 
     async def _stream(

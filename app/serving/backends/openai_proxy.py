@@ -45,6 +45,8 @@ _HEALTH_TTL = 1.0  # seconds a health answer is reused (probes may come often)
 
 class OpenAIProxyBackend(Backend):
     name = "openai"
+    supports_structured_outputs = True  # forwarded: the upstream constrains (or refuses)
+    parses_tool_calls = True  # tools are forwarded; the upstream reports tool_calls
 
     def __init__(
         self,
@@ -230,8 +232,11 @@ class OpenAIProxyBackend(Backend):
             body["max_tokens"] = p.max_tokens
             if p.logprobs is not None:
                 body["logprobs"] = p.logprobs
+            if p.best_of is not None:
+                body["best_of"] = p.best_of
         body.update(_openai_fields(p))
         body.update(_vllm_extras(p, request))
+        body.update(request.upstream_fields)  # response_format, structured_outputs, tools, ... as sent
         return path, body
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
@@ -286,7 +291,13 @@ class OpenAIProxyBackend(Backend):
                     d
                     for choice in event.get("choices") or []
                     if isinstance(choice, dict)
-                    and ((d := _delta(choice, chat)).text or d.token_ids or d.logprobs or d.finish_reason)
+                    and (
+                        (d := _delta(choice, chat)).text
+                        or d.token_ids
+                        or d.logprobs
+                        or d.finish_reason
+                        or d.tool_calls
+                    )
                 ]
                 usage = _usage(event.get("usage"))
                 if deltas:
@@ -360,8 +371,13 @@ def _vllm_extras(p: SamplingParams, request: GenerationRequest) -> dict[str, Any
 
 def _delta(choice: dict[str, Any], chat: bool) -> SequenceDelta:
     index = int(choice.get("index") or 0)
+    tool_calls = None
     if chat:
-        text = (choice.get("delta") or {}).get("content") or ""
+        delta = choice.get("delta") or {}
+        text = delta.get("content") or ""
+        raw_calls = delta.get("tool_calls")
+        if isinstance(raw_calls, list):
+            tool_calls = [c for c in raw_calls if isinstance(c, dict)] or None
     else:
         text = choice.get("text") or ""
     return SequenceDelta(
@@ -371,6 +387,7 @@ def _delta(choice: dict[str, Any], chat: bool) -> SequenceDelta:
         logprobs=_logprobs(choice.get("logprobs"), chat),
         finish_reason=choice.get("finish_reason"),
         stop_reason=choice.get("stop_reason"),
+        tool_calls=tool_calls,
     )
 
 

@@ -25,6 +25,7 @@ from app.serving.backends.base import (
     GenerationChunk,
     GenerationRequest,
     HealthStatus,
+    InvalidRequestError,
     QueueFullError,
     SequenceDelta,
     TokenLogprob,
@@ -69,6 +70,21 @@ class _HFCodec:
                 messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kw
             )
         return str(text)
+
+
+def _check_supported(request: GenerationRequest) -> None:
+    p = request.params
+    if p.structured_outputs is not None:
+        raise InvalidRequestError(
+            "structured outputs (response_format, structured_outputs, guided_*, forced tool calls) need the "
+            "native or vllm backend; this server runs the transformers baseline",
+            param=request.structured_param or "response_format",
+        )
+    if p.best_of is not None and p.best_of > p.n:
+        raise InvalidRequestError(
+            "best_of greater than n needs the native or vllm backend; this server runs the transformers baseline",
+            param="best_of",
+        )
 
 
 class TransformersBackend(LocalBackend):
@@ -169,6 +185,7 @@ class TransformersBackend(LocalBackend):
         executor = self._executor
         if executor is None or self.hf_model is None:
             raise BackendUnavailableError("the transformers backend is not started")
+        _check_supported(request)
         ids = await asyncio.to_thread(self.prepare, request)
         with self._count_lock:
             if self._waiting >= self.max_waiting:
