@@ -3,5 +3,6 @@
 #: short names accepted by ``inf-engine run`` in place of a ``module:Class`` path
 EXAMPLE_PIPELINES = {
     "review-compare": "app.examples.review_compare:ReviewCompare",
+    "review-extract": "app.examples.extract:Extract",
     "sentiment": "app.examples.sentiment:SentimentLabel",
 }

@@ -2,9 +2,12 @@
 
 The pipeline layer knows no engine; it reaches one through an ``LLMClient``. This module is that client for
 the in-process engine, registered for provider ``"native"`` (endpoints *with* a ``base_url`` still go over
-HTTP to ``inf-engine serve``). A request takes exactly the server's path: the same field validation
-(``ChatCompletionRequest``, ``chat_sampling_params``), chat template and length checks (``NativeBackend``),
-so a pipeline answers the same in process as against our server.
+HTTP to ``inf-engine serve``). A request takes exactly the server's path: the same body
+(``chat_payload``: ``response_format`` as OpenAI's ``json_schema``, ``tools``, ``tool_choice``), the same field
+validation and constraint (``ChatCompletionRequest``, ``chat_generation_request``: the output decoded under
+the schema or the tool calls' structure), chat template and length checks (``NativeBackend``), and the tool
+calls read back as the route reads them (``chat_body``), so a pipeline answers the same in process as against
+our server.
 
 One engine per model and process: every endpoint and every client naming the same model share it, so the
 calls a pipeline makes concurrently meet in one scheduler and are decoded together (continuous batching).
@@ -34,19 +37,23 @@ from app.pipeline.resources import (
     ResourceConfig,
     ResourceError,
     TransientError,
+    chat_payload,
     register_client_factory,
 )
 from app.serving.backends.base import (
+    Backend,
     BackendError,
     BackendUnavailableError,
     GenerationRequest,
     QueueFullError,
 )
 from app.serving.backends.local import default_served_name
-from app.serving.chat import chat_messages
+from app.serving.chat import chat_body
 from app.serving.errors import APIError
-from app.serving.params import chat_sampling_params
+from app.serving.openai_serving import chat_generation_request
+from app.serving.responses import Choice, collect
 from app.serving.schemas import ChatCompletionRequest
+from app.serving.tools import ToolPlan
 
 if TYPE_CHECKING:
     from app.engine.llm_engine import LLMEngine
@@ -237,45 +244,38 @@ class EmbeddedEngineClient(LLMClient):
             self._closed = True
             await self.engine.release()
 
-    def _generation_request(self, request: LLMRequest) -> GenerationRequest:
-        # The body an HTTP client would send, checked by the server's own rules (a 400 there is one here).
-        payload: dict[str, Any] = {"messages": request.messages()}
-        if request.temperature is not None:
-            payload["temperature"] = request.temperature
-        if request.max_tokens is not None:
-            payload["max_tokens"] = request.max_tokens
-        if request.stop:
-            payload["stop"] = request.stop
-        payload.update(request.extra_body)
+    def _chat_request(self, request: LLMRequest) -> ChatCompletionRequest:
+        # The body an HTTP client would send (response_format, tools and tool_choice included), checked by the
+        # server's own rules: a 400 there is one here.
         try:
-            body = ChatCompletionRequest.model_validate(payload)
-            params = chat_sampling_params(body)
-            messages = chat_messages(body.messages)
+            return ChatCompletionRequest.model_validate(chat_payload(request))
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "request"
             raise self._error(f"invalid request field {where}: {first['msg']}", 400) from None
+        except ValueError as exc:  # a response_format pydantic cannot describe
+            raise self._error(f"invalid request (response_format): {exc}", 400) from None
+
+    def _generation_request(
+        self, body: ChatCompletionRequest, backend: Backend
+    ) -> tuple[GenerationRequest, ToolPlan | None]:
+        # The route's own path: sampling params, the constraint of response_format / structured_outputs / tools
+        # (refused by a backend without structured outputs), the tools in the prompt, the fields a proxy forwards.
+        try:
+            return chat_generation_request(backend, f"pipeline-{uuid.uuid4().hex}", body)
         except APIError as exc:
             raise self._error(f"invalid request ({exc.param or 'request'}): {exc.message}", 400) from None
-        return GenerationRequest(
-            f"pipeline-{uuid.uuid4().hex}",
-            params,
-            messages=messages,
-            add_generation_prompt=body.add_generation_prompt,
-            chat_template_kwargs=dict(body.chat_template_kwargs or {}),
-            priority=body.priority,
-        )
 
     def _error(self, message: str, status: int) -> ResourceError:
         return ResourceError(f"{PROVIDER}/{self.config.model}: {message}", status=status, alias=self.alias)
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         """Run one chat request through the engine; errors map to the scheduler's ResourceError classes."""
-        generation = self._generation_request(request)
+        body = self._chat_request(request)
         start = time.perf_counter()
         try:
             async with asyncio.timeout(self.config.timeout):
-                return await self._run(generation, start)
+                return await self._run(body, start)
         except TimeoutError:
             raise TransientError(
                 f"{PROVIDER}/{self.config.model} took longer than {self.config.timeout:g}s "
@@ -283,8 +283,9 @@ class EmbeddedEngineClient(LLMClient):
                 alias=self.alias,
             ) from None
 
-    async def _run(self, generation: GenerationRequest, start: float) -> LLMResponse:
+    async def _run(self, body: ChatCompletionRequest, start: float) -> LLMResponse:
         backend = await self.engine.backend()
+        generation, plan = self._generation_request(body, backend)
         try:
             stream = await backend.generate(generation)
         except QueueFullError as exc:
@@ -293,23 +294,18 @@ class EmbeddedEngineClient(LLMClient):
             raise self._error(f"the in-process engine is down: {exc.message}", exc.status) from None
         except BackendError as exc:
             raise self._error(f"{exc.message} (param {exc.param})" if exc.param else exc.message, exc.status) from None
-        pieces: list[str] = []
+        # every sample is collected (n > 1); an LLMResponse carries the first one only
+        choices = [Choice() for _ in range(generation.params.n)]
         first_token_ms: float | None = None
-        finish_reason: str | None = None
         prompt_tokens = completion_tokens = 0
         queue_time: float | None = None
         try:
             async for chunk in stream:
                 if chunk.queue_time is not None and queue_time is None:
                     queue_time = chunk.queue_time
-                for delta in chunk.deltas:
-                    if delta.index != 0:  # n > 1: an LLMResponse carries the first sample only
-                        continue
-                    if first_token_ms is None and (delta.text or delta.token_ids):
-                        first_token_ms = (time.perf_counter() - start) * 1000.0
-                    pieces.append(delta.text)
-                    if delta.finish_reason is not None:
-                        finish_reason = delta.finish_reason
+                if first_token_ms is None and any(d.index == 0 and (d.text or d.token_ids) for d in chunk.deltas):
+                    first_token_ms = (time.perf_counter() - start) * 1000.0
+                collect(choices, chunk, 0)
                 if chunk.usage is not None:
                     prompt_tokens = chunk.usage.prompt_tokens
                     completion_tokens = chunk.usage.completion_tokens
@@ -319,15 +315,27 @@ class EmbeddedEngineClient(LLMClient):
             closer = getattr(stream, "aclose", None)  # a ClosingStream: aborts the request if unfinished
             if closer is not None:
                 await closer()
+        answer = _first_choice(choices, plan)
+        message = answer["message"]
         return LLMResponse(
-            content="".join(pieces),
+            content=message.get("content") or "",
             input_tokens=prompt_tokens,
             output_tokens=completion_tokens,
-            finish_reason=finish_reason,
+            finish_reason=answer["finish_reason"],
             model=backend.served_model_name,
+            tool_calls=message.get("tool_calls") or None,
             time_to_first_token_ms=first_token_ms,
             completion_time_ms=(time.perf_counter() - start) * 1000.0,
         )
+
+
+def _first_choice(choices: list[Choice], plan: ToolPlan | None) -> dict[str, Any]:
+    """The first choice as the route answers it: tool calls read out of the text (or an upstream's passed on),
+    ``content`` None beside calls, and finish reason ``tool_calls`` when the model called and stopped."""
+    parser = plan.parser if plan is not None else lambda: None
+    body = chat_body({}, choices[:1], {}, False, parser)
+    first: dict[str, Any] = body["choices"][0]
+    return first
 
 
 def register_embedded_engine(**engine_options: Any) -> None:

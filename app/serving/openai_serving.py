@@ -123,6 +123,42 @@ async def _prime(stream: AsyncIterator[T]) -> AsyncIterator[T]:
     return _chain(first, stream)
 
 
+# ---------------------------------------------------------------------------------------------- requests
+def check_structure_supported(backend: Backend, structure: Structure | None) -> None:
+    """A 400 naming the field when ``structure`` constrains the output and ``backend`` cannot."""
+    if structure is not None and not backend.supports_structured_outputs:
+        raise bad_request(
+            f"structured outputs ({structure.param}) need the native or vllm backend; this server runs "
+            f"the {backend.name} backend",
+            structure.param,
+        )
+
+
+def chat_generation_request(
+    backend: Backend, rid: str, req: ChatCompletionRequest
+) -> tuple[GenerationRequest, ToolPlan | None]:
+    """A checked chat request as ``backend`` takes it, and its tool plan (how its tool calls are read back):
+    sampling params, the constraint of its ``response_format`` / ``structured_outputs`` / tools, and the fields
+    a proxy forwards. The route and the pipeline's in-process client (``app.serving.embedded``) share it."""
+    reject_unsupported(req)  # before the tool fields: a 'functions' request is told about 'functions'
+    plan = plan_tools(req, upstream=backend.parses_tool_calls, constrain=backend.supports_structured_outputs)
+    structure = combined_structure(plan, request_structure(req))
+    check_structure_supported(backend, structure)
+    params = chat_sampling_params(req, structure)
+    request = GenerationRequest(
+        rid,
+        params,
+        messages=chat_messages(req.messages),
+        add_generation_prompt=req.add_generation_prompt,
+        chat_template_kwargs=dict(req.chat_template_kwargs or {}),
+        priority=req.priority,
+        tools=(plan.prompt_tools or None) if plan is not None and not backend.parses_tool_calls else None,
+        structured_param=structure.param if structure is not None else None,
+        upstream_fields={**upstream_structure_fields(req), **upstream_tool_fields(req)},
+    )
+    return request, plan
+
+
 # ---------------------------------------------------------------------------------------------- serving
 class OpenAIServing:
     """Everything behind the OpenAI routes, for one backend."""
@@ -239,40 +275,10 @@ class OpenAIServing:
         finally:
             await _aclose(stream)
 
-    def _structure_supported(self, structure: Structure | None) -> None:
-        if structure is not None and not self.backend.supports_structured_outputs:
-            raise bad_request(
-                f"structured outputs ({structure.param}) need the native or vllm backend; this server runs "
-                f"the {self.backend.name} backend",
-                structure.param,
-            )
-
-    def _chat_request(self, rid: str, req: ChatCompletionRequest) -> tuple[GenerationRequest, ToolPlan | None]:
-        backend = self.backend
-        reject_unsupported(req)  # before the tool fields: a 'functions' request is told about 'functions'
-        plan = plan_tools(
-            req, upstream=backend.parses_tool_calls, constrain=backend.supports_structured_outputs
-        )
-        structure = combined_structure(plan, request_structure(req))
-        self._structure_supported(structure)
-        params = chat_sampling_params(req, structure)
-        request = GenerationRequest(
-            rid,
-            params,
-            messages=chat_messages(req.messages),
-            add_generation_prompt=req.add_generation_prompt,
-            chat_template_kwargs=dict(req.chat_template_kwargs or {}),
-            priority=req.priority,
-            tools=(plan.prompt_tools or None) if plan is not None and not backend.parses_tool_calls else None,
-            structured_param=structure.param if structure is not None else None,
-            upstream_fields={**upstream_structure_fields(req), **upstream_tool_fields(req)},
-        )
-        return request, plan
-
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         model = self.check_model(req.model)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        request, plan = self._chat_request(rid, req)
+        request, plan = chat_generation_request(self.backend, rid, req)
         n = request.params.n
         parser = plan.parser if plan is not None else lambda: None
         (stream,) = await self._open([request])
@@ -295,7 +301,7 @@ class OpenAIServing:
     async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         model = self.check_model(req.model)
         structure = request_structure(req)
-        self._structure_supported(structure)
+        check_structure_supported(self.backend, structure)
         params = completion_sampling_params(req, structure)
         prompts = completion_prompts(req)
         rid = f"cmpl-{uuid.uuid4().hex}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,13 @@ from api.main import create_app
 from app.serving.backends.base import Backend, GenerationRequest
 from app.serving.backends.openai_proxy import OpenAIProxyBackend
 from app.settings import Settings
-from tests.support.server_helpers import ServerThread, build_tiny_llama, make_backend, native_available
+from tests.support.server_helpers import (
+    ServerThread,
+    build_tiny_llama,
+    make_backend,
+    native_available,
+    with_tools_template,
+)
 from tests.support.serving_fakes import FakeBackend, default_reply
 
 pytestmark = pytest.mark.timeout(180)
@@ -327,24 +332,10 @@ TINY_TOOLS: list[Any] = [
 TINY_SCHEMAS = {"f": F, "g": G}
 
 
-# A tools-aware chat template (compact: the tool names only), on a copy of the tiny model.
-TOOLS_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}"
-    "<|im_end|>\n{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
-    "{% for c in m['tool_calls'] or [] %}<call>{{ c['function']['name'] }} "
-    "{{ c['function']['arguments'] | tojson }}</call>{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def tools_backend(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Backend:
-    folder = tmp_path_factory.mktemp("tools-llama") / "tiny-llama"
-    shutil.copytree(tiny_llama, folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
-    return make_backend(KIND, folder)
+    # a tools-aware chat template (compact: the tool names only), on a copy of the tiny model
+    return make_backend(KIND, with_tools_template(tiny_llama, tmp_path_factory.mktemp("tools-llama") / "tiny-llama"))
 
 
 @pytest.fixture(scope="module")
@@ -473,3 +464,27 @@ def test_engine_compile_errors_name_the_field(enforced: openai.OpenAI) -> None:
         with pytest.raises(openai.BadRequestError) as bad:
             greedy(enforced, extra_body=extra)
         assert bad.value.body["param"] == param, bad.value.body  # type: ignore[index]
+
+
+async def test_a_pipeline_gets_records_and_tool_calls_over_http(tool_engine: openai.OpenAI) -> None:
+    """LLMInference against our server through the pipeline's HTTP client (as for vLLM and OpenAI): the schema and
+    the tools go out, a validated record and OpenAI's tool calls come back."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    from app.pipeline import EndpointConfig, LLMInference, ResourceConfig, run
+
+    class Pick(BaseModel):
+        z: Literal["a", "b"]
+
+    url = str(tool_engine.base_url).rstrip("/")
+    resources = ResourceConfig({"m": EndpointConfig("native", "tiny-llama", base_url=url, api_key=KEY)})
+    record = await run(LLMInference("m", temperature=0.0, max_tokens=32, response_format=Pick), "hi",
+                       resources=resources)  # fmt: skip
+    assert Pick.model_validate(record) and set(record) == {"z"}
+    caller = LLMInference("m", temperature=0.0, max_tokens=64, tools=TINY_TOOLS, tool_choice="g")
+    answer: Any = await run(caller, "hi", resources=resources)
+    (call,) = answer["tool_calls"]
+    assert answer["content"] is None and call["function"]["name"] == "g" and call["id"].startswith("call_")
+    validate(json.loads(call["function"]["arguments"]), G)

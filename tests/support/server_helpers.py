@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 import socket
 import threading
 import time
@@ -25,6 +27,27 @@ def build_tiny_llama(folder: Path) -> Path:
 
     if not (folder / "config.json").is_file():
         save_hf_model(build_hf_model("llama_gqa_llama3"), folder)
+    return folder
+
+
+# A tools-aware chat template (compact: the tool names only). The tiny model has 512 positions and about one
+# token per character, too few for the fallback prompt that lists every tool's schema.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
+    "{% for c in m['tool_calls'] or [] %}<call>{{ c['function']['name'] }} "
+    "{{ c['function']['arguments'] | tojson }}</call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def with_tools_template(model: Path, folder: Path) -> Path:
+    """A copy of the model folder ``model`` at ``folder`` whose chat template is :data:`TOOLS_TEMPLATE`."""
+    if not (folder / "config.json").is_file():
+        shutil.copytree(model, folder, dirs_exist_ok=True)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
     return folder
 
 

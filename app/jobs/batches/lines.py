@@ -4,6 +4,10 @@ Two checks, as OpenAI makes them. When a file is uploaded with purpose ``batch``
 request (a bad line or a repeated ``custom_id`` refuses the upload). When a batch is created, every line must
 also fit the batch: its ``url`` must be the batch's endpoint, and the body must be a request that endpoint
 takes; otherwise the batch fails with one error per bad line.
+
+Bodies are the endpoint's requests as they are, ``response_format`` (text, json_object, json_schema) and, on
+chat completions, ``tools`` / ``tool_choice`` included: they reach the model with the line's other fields,
+and a field the model refuses fails that line alone (its entry in the error file names the field).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ MAX_REPORTED_ERRORS = 100  # a failed batch lists at most this many bad lines
 
 #: body fields that are not sampling options: the model is the server's, and batch answers are never streamed
 _NOT_OPTIONS = frozenset({"messages", "prompt", "model", "stream", "stream_options"})
+#: chat fields a ``/v1/completions`` line may not carry (its prompt is sent as a chat, where they would apply)
+_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 class BatchFileError(ValueError):
@@ -143,6 +149,11 @@ def _check_line(request: RequestLine, endpoint: str) -> LineProblem | None:
     elif _prompt_text(body.get("prompt")) is None:
         return LineProblem("invalid_request", f"line {number}: body.prompt must be a string (or a list holding "
                            "one string)", number, "body.prompt")
+    else:
+        chat_only = next((f for f in _CHAT_ONLY if body.get(f) is not None), None)
+        if chat_only is not None:
+            return LineProblem("invalid_request", f"line {number}: body.{chat_only} is a field of "
+                               f"{CHAT_COMPLETIONS}, not of {COMPLETIONS}", number, f"body.{chat_only}")
     n = body.get("n", 1)
     if n not in (None, 1):
         return LineProblem("unsupported_value", f"line {number}: body.n must be 1 in a batch on this server "

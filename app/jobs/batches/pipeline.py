@@ -4,7 +4,9 @@ A line becomes an item with keyword inputs ``messages`` (the chat messages; a ``
 as one user message) and ``options`` (the other body fields: temperature, max_tokens, seed, ...). The call goes
 to the endpoint alias :data:`BATCH_ALIAS`, which the jobs runtime maps to the server's own model when no
 resources file is configured (define the alias in the file otherwise). The output keeps the response text and
-its metadata (model, finish reason, token counts), from which the batch's output file is written.
+its metadata (model, finish reason, token counts, and ``tool_calls`` when the model called a tool), from which
+the batch's output file is written. A line's ``response_format`` and ``tools`` / ``tool_choice`` travel with its
+other fields: the model decodes under them, the text is the JSON it wrote, the calls are OpenAI's.
 """
 
 from __future__ import annotations

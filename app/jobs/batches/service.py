@@ -253,10 +253,13 @@ def output_line(batch: Batch, item: Item, created: int) -> dict[str, Any]:
     finish_reason = meta.get("finish_reason") or "stop"
     body: dict[str, Any]
     if batch.endpoint == CHAT_COMPLETIONS:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        calls = meta.get("tool_calls")
+        if isinstance(calls, list) and calls:  # as OpenAI answers a call: content null unless the model said more
+            message = {"role": "assistant", "content": text or None, "tool_calls": calls}
         body = {
             "id": f"chatcmpl-{digest}", "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
         }
     else:
         body = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,8 @@ def build_request(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         temperature=options.pop("temperature", module.temperature),
         max_tokens=options.pop("max_tokens", module.max_tokens),
         response_format=module.response_format,
+        tools=options.pop("tools", getattr(module, "tools", None)),
+        tool_choice=options.pop("tool_choice", getattr(module, "tool_choice", None)),
         **options,
     )
 
@@ -94,18 +97,57 @@ async def run_llm_node(
         "latency_ms": response.completion_time_ms,
         "queue_time_ms": response.queue_time_ms,
     }
-    if module.response_format is None:
-        return Value(ValueKind.RESPONSE, response.content, node.id, meta)
-    import app.pipeline.functional as F
+    calls = list(getattr(response, "tool_calls", None) or ())
+    if calls:
+        meta["tool_calls"] = calls
+    content: Any = response.content
+    if module.response_format is not None and not calls:
+        try:
+            content = parse_response(content, module.response_format)
+        except ValueError as exc:
+            problem = ValueError(f"the response of {node.id} {exc}{_cut_short(response, request)}")
+            return error_value(problem, node_id=node.id, raw=response.content, **meta)
+    if getattr(module, "tools", None):
+        answer = {"content": None if content == "" else content, "tool_calls": calls}
+        return Value(ValueKind.STRUCTURED, answer, node.id, meta)
+    if module.response_format is not None and not calls:
+        return Value(ValueKind.STRUCTURED, content, node.id, meta)
+    return Value(ValueKind.RESPONSE, response.content, node.id, meta)
 
-    parsed = F.parse_structured(response.content, module.response_format)
-    if parsed.kind is ValueKind.ERROR:
-        return error_value(
-            ValueError(f"the response of {node.id} does not match {module.response_format.__name__}: "
-                       f"{parsed.payload}"),
-            node_id=node.id, raw=response.content, **meta,
+
+_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+
+
+def parse_response(text: str, response_format: Any) -> Any:
+    """``text`` validated against ``response_format`` (``Model.model_validate_json`` for a pydantic model, a
+    ``TypeAdapter`` for any other type), as JSON data (``model_dump(mode="json")``); a fenced ``json`` block is
+    accepted, for providers that cannot constrain their output. A ValueError saying why it does not validate."""
+    from pydantic import BaseModel, TypeAdapter, ValidationError
+
+    fenced = _FENCE.match(text)
+    raw = fenced.group(1) if fenced else text
+    name = getattr(response_format, "__name__", None) or repr(response_format)
+    try:
+        if isinstance(response_format, type) and issubclass(response_format, BaseModel):
+            validated: Any = response_format.model_validate_json(raw)
+        else:
+            adapter: TypeAdapter[Any] = TypeAdapter(response_format)
+            validated = adapter.validate_json(raw)
+            return adapter.dump_python(validated, mode="json")
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'the answer'}: {e['msg']}" for e in exc.errors()[:5]
         )
-    return Value(ValueKind.STRUCTURED, parsed.payload, node.id, meta)
+        preview = raw if len(raw) <= 200 else raw[:200] + "..."
+        raise ValueError(f"is not a valid {name} ({problems}): {preview!r}") from None
+    return validated.model_dump(mode="json")
+
+
+def _cut_short(response: Any, request: LLMRequest) -> str:
+    if response.finish_reason == "length":
+        limit = f"max_tokens={request.max_tokens}" if request.max_tokens else "the context length"
+        return f"; the answer was cut at {limit} (finish_reason 'length'): raise max_tokens"
+    return ""
 
 
 async def run_module_node(node: GraphNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:

@@ -3,6 +3,7 @@
 from app.pipeline.resources.client import (
     LLMClient,
     OpenAICompatibleClient,
+    chat_payload,
     create_client,
     register_client_factory,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "ResourceManager",
     "ResourceMetrics",
     "TransientError",
+    "chat_payload",
     "create_client",
     "register_client_factory",
 ]

@@ -11,6 +11,7 @@ import asyncio
 import email.utils
 import functools
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -115,7 +116,8 @@ def _schema_format(tp: type) -> dict[str, Any]:
         schema = tp.model_json_schema()
     else:
         schema = TypeAdapter(tp).json_schema()
-    name = getattr(tp, "__name__", "response") or "response"
+    # OpenAI wants ^[a-zA-Z0-9_-]{1,64}$ (our server checks the length)
+    name = re.sub(r"[^a-zA-Z0-9_-]", "_", getattr(tp, "__name__", "") or "response")[:64]
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
@@ -137,6 +139,30 @@ def response_format_payload(response_format: Any) -> Any:
         raise ValueError(
             f"response_format {response_format!r} is neither a dict nor a type pydantic can turn into a JSON schema"
         ) from exc
+
+
+def chat_payload(request: LLMRequest, *, model: str | None = None) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` body ``request`` stands for, as every client sends it (the HTTP client and the
+    in-process engine's): ``response_format`` in OpenAI's shape, ``tools`` and ``tool_choice`` as given, and
+    ``extra_body`` last, so that its fields win over everything else."""
+    payload: dict[str, Any] = {"messages": request.messages()}
+    if model is not None:
+        payload["model"] = model
+    if request.temperature is not None:
+        payload["temperature"] = request.temperature
+    if request.max_tokens is not None:
+        payload["max_tokens"] = request.max_tokens
+    if request.stop:
+        payload["stop"] = request.stop
+    if request.tools:
+        payload["tools"] = request.tools
+    if request.tool_choice is not None:
+        payload["tool_choice"] = request.tool_choice
+    if request.response_format is not None:
+        payload["response_format"] = response_format_payload(request.response_format)
+    if request.extra_body:
+        payload.update(request.extra_body)
+    return payload
 
 
 def parse_retry_after(headers: Any) -> float | None:
@@ -247,22 +273,7 @@ class OpenAICompatibleClient:
 
     def build_payload(self, request: LLMRequest) -> dict[str, Any]:
         """The JSON body for ``request`` (``extra_body`` wins over everything else)."""
-        payload: dict[str, Any] = {"model": self.config.model, "messages": request.messages()}
-        if request.temperature is not None:
-            payload["temperature"] = request.temperature
-        if request.max_tokens is not None:
-            payload["max_tokens"] = request.max_tokens
-        if request.stop:
-            payload["stop"] = request.stop
-        if request.tools:
-            payload["tools"] = request.tools
-        if request.tool_choice is not None:
-            payload["tool_choice"] = request.tool_choice
-        if request.response_format is not None:
-            payload["response_format"] = response_format_payload(request.response_format)
-        if request.extra_body:
-            payload.update(request.extra_body)
-        return payload
+        return chat_payload(request, model=self.config.model)
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         """Send one chat request; raises RateLimitError, TransientError or ResourceError on failure."""

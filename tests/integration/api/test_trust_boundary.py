@@ -91,7 +91,7 @@ def test_losses_and_metrics_are_registered_names(client: TestClient, planted: Pa
 def test_pipelines_are_registered_names(client: TestClient, planted: Path, tmp_path: Path) -> None:
     for name in ("this:s", f"{PLANTED}:Pipe", "os:system", "app.jobs.registry:Registry"):
         message = _refused(client, "/v1/jobs", {"pipeline": name, "inputs": ["x"]}, "pipeline")
-        assert "unknown pipeline" in message and "review-compare, sentiment" in message
+        assert "unknown pipeline" in message and "review-compare, review-extract, sentiment" in message
         _refused(client, "/v1/trainings", {"pipeline": name, "dataset": DATASET, "metric": "exact"}, "pipeline")
         _refused(client, "/v1/evaluations", {"pipeline": name, "dataset": DATASET, "metric": "exact"}, "pipeline")
         versions = client.get(f"/v1/pipelines/{name}/parameters/versions")

