@@ -26,6 +26,7 @@ from app.engine.core.sampling_params import StructuredOutputsParams
 from app.engine.core.sequence import Sequence, SequenceStatus
 from app.engine.guided.backend import GrammarCompiler
 from app.engine.guided.bitmask import TokenBitmask, bitmask_words
+from app.engine.guided.utf8 import Utf8Guard
 
 if TYPE_CHECKING:
     from app.engine.tokenizer import Tokenizer
@@ -112,6 +113,7 @@ class GuidedDecoding:
         self._grammars: dict[str, Any] = {}  # request id -> compiled grammar
         self._matchers: dict[int, SequenceMatcher] = {}  # seq id -> matcher
         self._seq_ids: dict[str, list[int]] = {}  # request id -> its sequences' ids
+        self._utf8: Utf8Guard | None = None  # built with the first mask (needs the grammar's vocabulary)
 
     def __len__(self) -> int:
         """Constrained requests being tracked."""
@@ -159,9 +161,16 @@ class GuidedDecoding:
         if not rows:
             return None
         bitmask = torch.full((len(seqs), bitmask_words(self.vocab_size)), -1, dtype=torch.int32)
+        guard = self._utf8_guard()
         for row, matcher in zip(rows, matchers, strict=True):
             matcher.fill(bitmask, row)
+            guard.restrict(bitmask, row, seqs[row].output_token_ids)
         return TokenBitmask(bitmask, rows)
+
+    def _utf8_guard(self) -> Utf8Guard:
+        if self._utf8 is None:
+            self._utf8 = Utf8Guard(self.compiler.decoded_vocab(), self.vocab_size)
+        return self._utf8
 
     def advance(self, seqs: Seq[Sequence], num_before: Seq[int], finish: FinishSequence) -> None:
         """Feed each constrained sequence's newly appended tokens to its matcher. A matcher that reached its

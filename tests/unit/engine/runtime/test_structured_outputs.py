@@ -261,3 +261,19 @@ def test_best_of_with_structured_outputs(make_engine: Callable[..., LLMEngine]) 
     out = engine.generate(PROMPTS[:2], sampled(spec, n=2, best_of=3))
     check_all(out, check, 2)
     assert _idle(engine)
+
+
+def test_bounded_strings_keep_their_bound_in_the_decoded_text(make_engine: Callable[..., LLMEngine]) -> None:
+    """xgrammar alone lets overlong UTF-8 (``E0 80 80``) into strings; it decodes to several U+FFFD, which
+    broke ``maxLength`` on byte-fallback vocabularies. The engine's UTF-8 guard keeps the bytes valid."""
+    schema = {"type": "object", "properties": {"product": {"type": "string", "maxLength": 12}},
+              "required": ["product"], "additionalProperties": False}
+    engine = make_engine()
+    spec = StructuredOutputsParams(json=schema)
+    params = SamplingParams(temperature=1.5, max_tokens=80, n=4, seed=3, structured_outputs=spec)
+    outputs = engine.generate(random_prompts(6, 4, 12, seed=5), params)
+    texts = [c.text for out in outputs for c in out.outputs if c.finish_reason == "stop"]
+    assert texts
+    for text in texts:
+        product = json.loads(text)["product"]
+        assert len(product) <= 12 and "\ufffd" not in product, text
