@@ -43,8 +43,8 @@ def walk(tok: Tokenizer, compiled: Any, text: str) -> SequenceMatcher:
 @pytest.mark.parametrize(
     ("spec", "good", "bad"),
     [
-        (StructuredOutputsParams(json=SCHEMA), '{"name": "fox", "ok": true}', '{"name": 3'),
-        (StructuredOutputsParams(json=json.dumps(SCHEMA)), '{"name": "", "ok": false}', '{"ok": true'),
+        (StructuredOutputsParams(json=SCHEMA), '{"name":"fox","ok":true}', '{"name": 3'),
+        (StructuredOutputsParams(json=json.dumps(SCHEMA)), '{"name":"","ok":false}', '{"ok": true'),
         (StructuredOutputsParams(json_object=True), '{"any": [1, {"x": null}]}', "[1"),
         (StructuredOutputsParams(regex=r"(ab|cd)+x"), "abcdx", "abx!"),
         (StructuredOutputsParams(choice=["brown fox", "lazy dog"]), "lazy dog", "lazy fox"),
@@ -73,7 +73,7 @@ def test_each_kind_compiles_and_constrains(
 
 
 def test_special_tokens_are_never_allowed(compiler: GrammarCompiler, tiny_tokenizer: Tokenizer) -> None:
-    matcher = walk(tiny_tokenizer, compiler.compile(StructuredOutputsParams(json=SCHEMA)), '{"name": "a')
+    matcher = walk(tiny_tokenizer, compiler.compile(StructuredOutputsParams(json=SCHEMA)), '{"name":"a')
     mask = allowed(matcher)
     assert len(mask) > 100  # inside a string: almost anything
     assert not mask & {0, 1, EOS}  # but no special token (they would vanish from the detokenized text)
@@ -138,7 +138,7 @@ def test_sync_catches_up_rolls_back_and_rebuilds(
     compiler: GrammarCompiler, tiny_tokenizer: Tokenizer
 ) -> None:
     compiled = compiler.compile(StructuredOutputsParams(json=SCHEMA))
-    ids = tiny_tokenizer.encode('{"name": "ab", "ok": true}', add_special_tokens=False)
+    ids = tiny_tokenizer.encode('{"name":"ab","ok":true}', add_special_tokens=False)
     reference = [
         allowed(walk(tiny_tokenizer, compiled, tiny_tokenizer.decode(ids[:k]))) for k in range(len(ids))
     ]
