@@ -6,6 +6,7 @@ import base64
 import hashlib
 import importlib
 import json
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -412,12 +413,23 @@ def decode_json(obj: Any) -> Any:
         if tag == "$error":
             return RestoredError(f"{body['type']}: {body['message']}")
         if tag == "$type":
-            module_name, _, qualname = body.partition(":")
-            target: Any = importlib.import_module(module_name)
-            for part in qualname.split("."):
-                target = getattr(target, part)
-            return target
+            return _stored_type(str(body))
     return {k: decode_json(v) for k, v in obj.items()}
+
+
+def _stored_type(path: str) -> Any:
+    """A class named in stored JSON. Stored data is never a reason to import: the class must live in a module
+    already loaded (the pipeline's own code, imported through the operator's registry) or in inf-engine."""
+    module_name, _, qualname = path.partition(":")
+    module = sys.modules.get(module_name)
+    if module is None and (module_name == "app" or module_name.startswith("app.")):
+        module = importlib.import_module(module_name)
+    if module is None:
+        raise ValueError(f"stored data names the type {path!r}, whose module is not loaded; load its pipeline first")
+    target: Any = module
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
 
 
 def _hashable(key: Any) -> Any:

@@ -323,3 +323,15 @@ class TestDot:
         text = trace(AdHoc(), "x").to_json()
         with pytest.raises(ValueError, match="inside forward"):
             InferenceGraph.from_json(text, root=AdHoc())
+
+
+def test_stored_type_tags_never_import_a_module() -> None:
+    import sys
+
+    from app.pipeline.graph import decode_json, encode_json
+
+    assert decode_json(encode_json(Value)) is Value  # a loaded class round-trips
+    sys.modules.pop("this", None)
+    with pytest.raises(ValueError, match="not loaded"):
+        decode_json({"$type": "this:s"})
+    assert "this" not in sys.modules
