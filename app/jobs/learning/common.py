@@ -3,6 +3,8 @@ aliases a run calls and the endpoints that serve them, and the page shape of the
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +12,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.db import Pipeline, repository
+from app.db.optimization_models import RunStatus
 from app.jobs.embedded.runner import NO_ENDPOINTS_HINT
+from app.jobs.encoding import storable
 from app.jobs.errors import InvalidJobInput, JobNotFound
 from app.jobs.graphs import import_path_of, load_module, shape_key, trace_item
 from app.jobs.inputs import InputFileError
@@ -22,6 +26,8 @@ from app.pipeline.optimization.llm import missing_aliases
 from app.pipeline.resources.errors import ConfigurationError
 
 MAX_PAGE = 100
+
+log = logging.getLogger(__name__)
 
 
 def check_pipeline(name: Any) -> str:
@@ -139,3 +145,33 @@ def page(rows: list[Any], limit: int, view: Any) -> dict[str, Any]:
 def check_limit(limit: int) -> None:
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidJobInput(f"limit must be between 1 and {MAX_PAGE}, not {limit}", param="limit")
+
+
+class SupervisedRun:
+    """What every training and evaluation run does around its work (``_run``): a cancel that arrives while it
+    runs ends it as cancelled, any other failure as failed with the error stored. Subclasses give ``id``,
+    ``kind`` (for the log), ``_run``, ``_status`` and ``_finish``."""
+
+    id: str
+    kind = "run"
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            if await asyncio.to_thread(self._status) == RunStatus.CANCELLING:
+                await asyncio.to_thread(self._finish, RunStatus.CANCELLED, {})
+            raise
+        except Exception as exc:
+            log.warning("%s %s failed: %s: %s", self.kind, self.id, type(exc).__name__, exc)
+            await asyncio.to_thread(self._finish, RunStatus.FAILED,
+                                    {"error": {"type": type(exc).__name__, "message": storable(str(exc))}})
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def _status(self) -> str | None:
+        raise NotImplementedError
+
+    def _finish(self, status: RunStatus, values: dict[str, Any]) -> None:
+        raise NotImplementedError

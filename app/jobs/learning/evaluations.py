@@ -31,6 +31,7 @@ from app.jobs.encoding import storable
 from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
 from app.jobs.ids import new_evaluation_id, new_schedule_id
 from app.jobs.learning.common import (
+    SupervisedRun,
     check_examples_fit,
     check_limit,
     endpoints_for,
@@ -262,7 +263,7 @@ def _aware(moment: datetime) -> datetime:
 
 
 # -- running ----------------------------------------------------------------------------------------------------
-class EvaluationRun:
+class EvaluationRun(SupervisedRun):
     """One claimed evaluation, run in this process (the server's executor or a Celery worker)."""
 
     kind = "evaluation"
@@ -273,18 +274,6 @@ class EvaluationRun:
         self.sessions = sessions
         self.resources_for = resources_for
         self.chunk = chunk
-
-    async def run(self) -> None:
-        try:
-            await self._run()
-        except asyncio.CancelledError:
-            if await asyncio.to_thread(self._status) == RunStatus.CANCELLING:
-                await asyncio.to_thread(self._finish, RunStatus.CANCELLED, {})
-            raise
-        except Exception as exc:
-            log.warning("evaluation %s failed: %s: %s", self.id, type(exc).__name__, exc)
-            await asyncio.to_thread(self._finish, RunStatus.FAILED,
-                                    {"error": {"type": type(exc).__name__, "message": storable(str(exc))}})
 
     async def _run(self) -> None:
         setup = await asyncio.to_thread(self._setup)

@@ -25,6 +25,7 @@ from app.jobs.encoding import storable, to_jsonable
 from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
 from app.jobs.ids import new_training_id
 from app.jobs.learning.common import (
+    SupervisedRun,
     check_examples_fit,
     check_limit,
     endpoints_for,
@@ -179,7 +180,7 @@ def cancel_training(session: Session, training_id: str, owner: str | None = None
 
 
 # -- running ----------------------------------------------------------------------------------------------------
-class TrainingRun:
+class TrainingRun(SupervisedRun):
     """One claimed training, run in this process: ``await run()`` returns when it is terminal (or was stopped
     by a shutdown, in which case it stays ``running`` and the next claimer fails it as interrupted)."""
 
@@ -192,18 +193,6 @@ class TrainingRun:
         self.resources_for = resources_for
         self.feedback_poll = feedback_poll
         self._versions: list[tuple[int, int]] = []  # (epoch, version) of each step version, in order
-
-    async def run(self) -> None:
-        try:
-            await self._run()
-        except asyncio.CancelledError:
-            if await asyncio.to_thread(self._status) == RunStatus.CANCELLING:
-                await asyncio.to_thread(self._finish, RunStatus.CANCELLED, {})
-            raise
-        except Exception as exc:
-            log.warning("training %s failed: %s: %s", self.id, type(exc).__name__, exc)
-            await asyncio.to_thread(self._finish, RunStatus.FAILED,
-                                    {"error": {"type": type(exc).__name__, "message": storable(str(exc))}})
 
     async def _run(self) -> None:
         setup = await asyncio.to_thread(self._setup)
