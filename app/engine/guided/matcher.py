@@ -120,8 +120,11 @@ class GuidedDecoding:
         return len(self._grammars)
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
-        """The compiled grammar of ``spec`` (cached); ValueError naming the problem. Thread-safe."""
-        return self.compiler.compile(spec)
+        """The compiled grammar of ``spec`` (cached); ValueError naming the problem. Thread-safe. The first call
+        also builds the UTF-8 guard, so that neither happens in the step loop (AsyncEngine compiles off it)."""
+        compiled = self.compiler.compile(spec)
+        self._utf8_guard()
+        return compiled
 
     def add_request(self, request_id: str, seqs: Iterable[Sequence], compiled: Any) -> None:
         self._grammars[request_id] = compiled

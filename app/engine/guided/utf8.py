@@ -29,13 +29,15 @@ class Utf8Guard:
         self.last_byte = [token[-1] if token else -1 for token in decoded_vocab]
         self.last_byte += [-1] * (vocab_size - len(self.last_byte))
         words = bitmask_words(vocab_size)
+        first = torch.full((words * 32,), -1, dtype=torch.int16)  # each token's first byte, -1 when empty
+        first[: min(len(decoded_vocab), vocab_size)] = torch.tensor(
+            [token[0] if token else -1 for token in decoded_vocab[:vocab_size]], dtype=torch.int16
+        )
+        continuation = (first >= 0x80) & (first < 0xC0)
         self.rows: dict[int, torch.Tensor] = {}
         for lead, allowed in _ALLOWED_AFTER.items():
-            keep = torch.ones(words * 32, dtype=torch.bool)
-            for token_id, token in enumerate(decoded_vocab[:vocab_size]):
-                if token and 0x80 <= token[0] < 0xC0 and token[0] not in allowed:
-                    keep[token_id] = False
-            self.rows[lead] = _pack(keep)
+            ok = (first >= allowed.start) & (first < allowed.stop)
+            self.rows[lead] = _pack(~continuation | ok)
 
     def restrict(self, bitmask: torch.Tensor, row: int, output_token_ids: Seq[int]) -> None:
         """Clear from ``bitmask[row]`` the tokens that would follow the sequence's last byte invalidly."""
