@@ -222,7 +222,7 @@ class LLMEngine:
             model, num_blocks=num_blocks, block_size=config.block_size, dtype=dtype, device=device
         )
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
-        self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids)
+        self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids, max_model_len=self.max_model_len)
         self.spec_decoder = self._make_spec_decoder(spec, num_blocks) if spec else None
         if self.spec_decoder is not None:
             self.spec_decoder.guide = self.guided.bitmask_for

@@ -7,12 +7,15 @@ regular expression, a choice among strings, an EBNF grammar or a structural tag
 * :mod:`.matcher`: a matcher per sequence (``n`` and ``best_of`` siblings each have one), synced to the
   sequence's output tokens (rolled back or rebuilt after anything that changed them), filling the step's
   bitmask rows and advanced with the tokens the scheduler appended; the engine's :class:`GuidedDecoding`.
+* :mod:`.closing`: ending a constrained output validly before its token budget runs out.
 * :mod:`.bitmask`: the allowed-token bitmask, applied inside the batched sampler in one pass over the
   constrained rows only.
 
 How a constrained sequence ends: its grammar allows the model's eos only once the grammar is complete, the
-matcher terminates on it and the sequence finishes with finish_reason "stop" (also with ``ignore_eos``);
-``max_tokens`` first gives a truncated output and finish_reason "length". Stop strings still apply (and may
+matcher terminates on it and the sequence finishes with finish_reason "stop" (also with ``ignore_eos``).
+Near the end of the budget (``max_tokens`` or the context length) :mod:`.closing` steers the output to the
+grammar's shortest end, so it is still complete and valid, with finish_reason "length"; only a budget shorter
+than the shortest valid output gives a truncated one. Stop strings still apply (and may
 cut the output short of the grammar's end). ``min_tokens`` does not hold eos back on constrained rows: the
 grammar alone decides when the output may end. Speculative decoding skips constrained sequences (see
 :mod:`app.engine.spec_decode` for why); prefix caching is unaffected (the grammar never touches the KV).

@@ -26,6 +26,7 @@ from app.engine.core.sampling_params import StructuredOutputsParams
 from app.engine.core.sequence import Sequence, SequenceStatus
 from app.engine.guided.backend import GrammarCompiler
 from app.engine.guided.bitmask import TokenBitmask, bitmask_words
+from app.engine.guided.closing import BudgetCloser
 from app.engine.guided.utf8 import Utf8Guard
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ FinishSequence = Callable[[Sequence, SequenceStatus], None]
 class SequenceMatcher:
     """One sequence's grammar state: an xgrammar matcher and the output tokens it has accepted."""
 
-    __slots__ = ("_compiled", "accepted", "failed", "matcher")
+    __slots__ = ("_compiled", "accepted", "closing", "failed", "matcher")
 
     def __init__(self, compiled: Any) -> None:
         import xgrammar
@@ -50,6 +51,7 @@ class SequenceMatcher:
         self.matcher = xgrammar.GrammarMatcher(compiled)
         self.accepted: list[int] = []  # the output tokens the matcher has consumed, in order
         self.failed = False  # a token the grammar does not allow reached it (a bug): no mask any more
+        self.closing = False  # the budget is nearly spent: each step allows only the closing policy's token
 
     def accept(self, token_id: int) -> bool:
         if self.failed or self.matcher.is_terminated():
@@ -85,6 +87,7 @@ class SequenceMatcher:
         self.matcher = xgrammar.GrammarMatcher(self._compiled)
         self.accepted = []
         self.failed = False
+        self.closing = False
         for token in output_token_ids:
             if not self.accept(token):
                 break
@@ -107,13 +110,16 @@ class GuidedDecoding:
         vocab_size: int,
         stop_token_ids: Seq[int],
         compiler: GrammarCompiler | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
         self.compiler = compiler or GrammarCompiler(tokenizer, vocab_size, stop_token_ids)
         self._grammars: dict[str, Any] = {}  # request id -> compiled grammar
         self._matchers: dict[int, SequenceMatcher] = {}  # seq id -> matcher
         self._seq_ids: dict[str, list[int]] = {}  # request id -> its sequences' ids
         self._utf8: Utf8Guard | None = None  # built with the first mask (needs the grammar's vocabulary)
+        self._closer: BudgetCloser | None = None  # likewise
 
     def __len__(self) -> int:
         """Constrained requests being tracked."""
@@ -124,6 +130,7 @@ class GuidedDecoding:
         also builds the UTF-8 guard, so that neither happens in the step loop (AsyncEngine compiles off it)."""
         compiled = self.compiler.compile(spec)
         self._utf8_guard()
+        self._budget_closer()
         return compiled
 
     def add_request(self, request_id: str, seqs: Iterable[Sequence], compiled: Any) -> None:
@@ -168,12 +175,39 @@ class GuidedDecoding:
         for row, matcher in zip(rows, matchers, strict=True):
             matcher.fill(bitmask, row)
             guard.restrict(bitmask, row, seqs[row].output_token_ids)
+            self._close_within_budget(matcher, seqs[row], bitmask, row)
         return TokenBitmask(bitmask, rows)
+
+    def _close_within_budget(
+        self, matcher: SequenceMatcher, seq: Sequence, bitmask: torch.Tensor, row: int
+    ) -> None:
+        """Near the end of the sequence's budget, narrow its row to the closing policy's token (see
+        :mod:`.closing`), so that the output is a complete document when the budget ends."""
+        left = (
+            [seq.sampling_params.max_tokens - seq.num_output_tokens] if seq.sampling_params.max_tokens else []
+        )
+        if self.max_model_len is not None:
+            left.append(self.max_model_len - seq.num_tokens)
+        if not left:
+            return
+        closer = self._budget_closer()
+        previous = seq.output_token_ids[-1] if seq.num_output_tokens else None
+        if not matcher.closing:
+            matcher.closing = closer.should_close(matcher.matcher, min(left), previous)
+        if matcher.closing:
+            closer.force(bitmask, row, previous)
 
     def _utf8_guard(self) -> Utf8Guard:
         if self._utf8 is None:
             self._utf8 = Utf8Guard(self.compiler.decoded_vocab(), self.vocab_size)
         return self._utf8
+
+    def _budget_closer(self) -> BudgetCloser:
+        if self._closer is None:
+            self._closer = BudgetCloser(
+                self.compiler.decoded_vocab(), self.vocab_size, self.compiler.stop_token_ids
+            )
+        return self._closer
 
     def advance(self, seqs: Seq[Sequence], num_before: Seq[int], finish: FinishSequence) -> None:
         """Feed each constrained sequence's newly appended tokens to its matcher. A matcher that reached its
@@ -185,6 +219,8 @@ class GuidedDecoding:
             if seq.sampling_params.structured_outputs is None or seq.num_output_tokens == n0:
                 continue
             matcher = self._matcher(seq)
+            if matcher is not None and matcher.closing and seq.status is SequenceStatus.FINISHED_STOPPED:
+                seq.status = SequenceStatus.FINISHED_LENGTH  # the budget closed it, not the model
             if matcher is None or seq.is_finished:
                 continue  # finished in this step: its matcher is released with the request
             if len(matcher.accepted) != n0:
@@ -200,4 +236,5 @@ class GuidedDecoding:
                     break
             else:
                 if matcher.is_terminated:
-                    finish(seq, SequenceStatus.FINISHED_STOPPED)
+                    closed = matcher.closing  # the budget ended it, not the model
+                    finish(seq, SequenceStatus.FINISHED_LENGTH if closed else SequenceStatus.FINISHED_STOPPED)

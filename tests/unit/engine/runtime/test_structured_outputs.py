@@ -266,8 +266,12 @@ def test_best_of_with_structured_outputs(make_engine: Callable[..., LLMEngine]) 
 def test_bounded_strings_keep_their_bound_in_the_decoded_text(make_engine: Callable[..., LLMEngine]) -> None:
     """xgrammar alone lets overlong UTF-8 (``E0 80 80``) into strings; it decodes to several U+FFFD, which
     broke ``maxLength`` on byte-fallback vocabularies. The engine's UTF-8 guard keeps the bytes valid."""
-    schema = {"type": "object", "properties": {"product": {"type": "string", "maxLength": 12}},
-              "required": ["product"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"product": {"type": "string", "maxLength": 12}},
+        "required": ["product"],
+        "additionalProperties": False,
+    }
     engine = make_engine()
     spec = StructuredOutputsParams(json=schema)
     params = SamplingParams(temperature=1.5, max_tokens=80, n=4, seed=3, structured_outputs=spec)
@@ -277,3 +281,31 @@ def test_bounded_strings_keep_their_bound_in_the_decoded_text(make_engine: Calla
     for text in texts:
         product = json.loads(text)["product"]
         assert len(product) <= 12 and "\ufffd" not in product, text
+
+
+def test_a_budget_too_short_for_the_model_still_ends_in_valid_json(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    """A random model wanders in unbounded strings and arrays; near max_tokens the closer ends each output as a
+    complete document (finish_reason "length" when the budget, not the model, ended it)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "meta": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]},
+        },
+        "required": ["title", "tags", "meta"],
+    }
+    engine = make_engine()
+    spec = StructuredOutputsParams(json=schema)
+    reasons = []
+    for max_tokens in (45, 60, 80):  # the shortest document takes 41 tokens of the tiny vocabulary
+        outputs = engine.generate(PROMPTS, sampled(spec, max_tokens=max_tokens, n=2))
+        for completion in (c for o in outputs for c in o.outputs):
+            document = json.loads(completion.text)
+            assert set(document) >= {"title", "tags", "meta"} and isinstance(document["meta"]["id"], int)
+            assert len(completion.token_ids) <= max_tokens
+            reasons.append(completion.finish_reason)
+    assert "length" in reasons  # the random model did not finish on its own every time
+    assert _idle(engine)
