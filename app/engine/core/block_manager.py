@@ -3,18 +3,23 @@
 Only block ids live here; the tensors are owned by the model runner. A block that holds a full, computed
 block of tokens is registered under the hash of (parent block's hash, its token ids), so the hash names the
 whole prefix up to and including that block. When its last user frees it, the block keeps its contents
-and its hash and joins the free list; a later request with the same prefix revives it, and only when a
-fresh block is needed is the least recently freed one evicted.
+and its hash and becomes evictable; a later request with the same prefix revives it, and only when a fresh
+block is needed and no empty one is left does the eviction policy (:mod:`app.engine.core.eviction`: ``lru``,
+``lfu`` or ``fifo``) pick one to give up. With a time-to-live, cached blocks left unused that long are
+dropped at the next lookup.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from app.engine.core.eviction import ExpiryClock, make_eviction_policy
 from app.engine.core.sequence import BlockHash, Sequence
 
 
@@ -72,25 +77,42 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        *,
+        eviction_policy: str = "lru",
+        prefix_cache_ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # Blocks with ref_count 0, front = evicted first. Uncached blocks go to the front when freed,
-        # cached ones to the back, so reusable contents are kept as long as possible.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free blocks without cached contents, front = used first; a freed one goes to the front. They are
+        # always used before any evictable (free, cached) block, which the policy orders.
+        self._empty: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._evictable = make_eviction_policy(eviction_policy)
+        self._expiry = ExpiryClock(prefix_cache_ttl_s, clock) if prefix_cache_ttl_s is not None else None
         self._cached: dict[BlockHash, int] = {}  # hash -> block id
         self._num_registered: dict[int, int] = {}  # seq id -> leading blocks already checked for hashing
         self.prefix_cache_queries = 0  # tokens looked up, counted like vLLM
         self.prefix_cache_hits = 0  # of which served from the cache
+        self.num_evictions = 0  # cached blocks given up for fresh ones
+        self.num_expirations = 0  # cached blocks dropped by the time-to-live
 
     # ---- stats ----
     @property
+    def eviction_policy(self) -> str:
+        return self._evictable.name
+
+    @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._empty) + len(self._evictable)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -99,7 +121,7 @@ class BlockManager:
     @property
     def kv_cache_usage_perc(self) -> float:
         """Fraction of blocks referenced by live sequences (cached free blocks count as free)."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     # ---- prefix cache ----
     def _update_hashes(self, seq: Sequence) -> None:
@@ -113,6 +135,7 @@ class BlockManager:
         to compute so that the step yields logits. Takes no references."""
         if not self.enable_prefix_caching:
             return []
+        self.expire()
         self._update_hashes(seq)
         hits: list[int] = []
         for block_hash in seq.block_hashes[: (seq.num_tokens - 1) // self.block_size]:
@@ -136,15 +159,23 @@ class BlockManager:
             if block.block_hash is None and seq.block_hashes[i] not in self._cached:
                 block.block_hash = seq.block_hashes[i]
                 self._cached[block.block_hash] = block.block_id
+                self._evictable.on_cached(block.block_id)
         self._num_registered[seq.seq_id] = max(start, end)
 
     def reset_prefix_cache(self) -> None:
         """Forget cached contents of free blocks (blocks in use keep theirs)."""
-        for block_id in self._free:
-            block = self.blocks[block_id]
-            if block.block_hash is not None:
-                del self._cached[block.block_hash]
-                block.block_hash = None
+        for block_id in list(self._evictable):
+            self._drop(block_id)
+            self._empty[block_id] = None
+
+    def expire(self) -> None:
+        """Drop the cached contents of free blocks unused for the time-to-live (none without one)."""
+        if self._expiry is None:
+            return
+        for block_id in self._expiry.expired():
+            self._drop(block_id)
+            self._empty[block_id] = None
+            self.num_expirations += 1
 
     # ---- allocation ----
     def _blocks_needed(self, seq: Sequence, num_new_tokens: int, num_computed_blocks: int) -> int:
@@ -156,7 +187,7 @@ class BlockManager:
         # A cache hit sitting in the free list is taken from it, so it does not count as free for others.
         revived = sum(1 for b in computed_blocks if self.blocks[b].ref_count == 0)
         needed = self._blocks_needed(seq, num_new_tokens, len(computed_blocks))
-        return needed <= len(self._free) - revived
+        return needed <= self.num_free_blocks - revived
 
     def allocate_slots(
         self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] | None = None
@@ -178,6 +209,7 @@ class BlockManager:
             self._num_registered[seq.seq_id] = len(computed_blocks)
         needed = self._blocks_needed(seq, num_new_tokens, len(computed_blocks))
         for block_id in computed_blocks:
+            self._evictable.on_hit(block_id)
             self._incref(block_id)
         seq.block_table.extend(computed_blocks)
         seq.num_computed_tokens += len(computed_blocks) * self.block_size
@@ -205,12 +237,7 @@ class BlockManager:
         """Drop ``seq``'s references. Its tail is freed first so that, among equally old blocks, the
         prefix blocks (most likely to be hit again) are evicted last."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
-                if block.block_hash is None:
-                    self._free.move_to_end(block_id, last=False)
+            self._decref(block_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
         self._num_registered.pop(seq.seq_id, None)
@@ -223,12 +250,7 @@ class BlockManager:
         keep = -(-seq.num_tokens // self.block_size)
         extra = seq.block_table[keep:]
         for block_id in reversed(extra):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
-                if block.block_hash is None:
-                    self._free.move_to_end(block_id, last=False)
+            self._decref(block_id)
         del seq.block_table[keep:]
         return len(extra)
 
@@ -239,14 +261,47 @@ class BlockManager:
     def _incref(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self._free[block_id]
+            if block.block_hash is None:
+                del self._empty[block_id]
+            else:  # a cache hit on a free block revives it
+                self._evictable.remove(block_id)
+                if self._expiry is not None:
+                    self._expiry.forget(block_id)
         block.ref_count += 1
 
-    def _take_fresh(self) -> int:
-        block_id, _ = self._free.popitem(last=False)
+    def _decref(self, block_id: int) -> None:
         block = self.blocks[block_id]
-        if block.block_hash is not None:  # evict its cached contents
+        block.ref_count -= 1
+        if block.ref_count:
+            return
+        if block.block_hash is None:
+            self._empty[block_id] = None
+            self._empty.move_to_end(block_id, last=False)
+        else:
+            self._evictable.push(block_id)
+            if self._expiry is not None:
+                self._expiry.freed(block_id)
+
+    def _take_fresh(self) -> int:
+        if self._empty:
+            block_id, _ = self._empty.popitem(last=False)
+        else:
+            block_id = self._evictable.pop()
+            self._forget_contents(block_id)
+            self.num_evictions += 1
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def _drop(self, block_id: int) -> None:
+        """Take evictable ``block_id`` out of the policy and forget its contents; the caller places it."""
+        self._evictable.remove(block_id)
+        self._forget_contents(block_id)
+
+    def _forget_contents(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if self._expiry is not None:
+            self._expiry.forget(block_id)
+        self._evictable.on_dropped(block_id)
+        if block.block_hash is not None:
             del self._cached[block.block_hash]
             block.block_hash = None
-        block.ref_count = 1
-        return block_id
