@@ -14,8 +14,11 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from app.jobs.distributed.transport.queues import BASE_LEVEL, PRIORITY_LEVELS, Queues
-from app.jobs.distributed.transport.redis_clients import share_redis_clients
+from app.jobs.distributed.transport.redis_clients import check_kombu, share_redis_clients
 from app.settings import Settings
+
+# at import: a kombu without what redis_clients patches stops here with one line naming its version
+check_kombu()
 
 
 class RedisNotConfiguredError(RuntimeError):

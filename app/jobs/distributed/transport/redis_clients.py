@@ -19,6 +19,27 @@ from contextlib import contextmanager
 from typing import Any
 
 _PATCHED = "_inf_engine_shared_client"
+#: what the patch below reads or replaces on ``kombu.transport.redis.Channel`` (kombu 5.5 to 5.7 have them all)
+PATCHED_ATTRIBUTES = ("conn_or_acquire", "_create_client", "_pool", "_closing", "client")
+
+
+class KombuIncompatibleError(ImportError):
+    """The installed kombu lacks what the shared-client patch relies on."""
+
+
+def check_kombu(channel_cls: Any = None) -> None:
+    """Fail with one clear line, naming the kombu version, when the Redis channel lacks a patched attribute."""
+    import kombu
+    from kombu.transport import redis as kombu_redis
+
+    channel_cls = channel_cls if channel_cls is not None else kombu_redis.Channel
+    missing = [name for name in PATCHED_ATTRIBUTES if not hasattr(channel_cls, name)]
+    if missing:
+        raise KombuIncompatibleError(
+            f"kombu {kombu.__version__} is not supported: kombu.transport.redis.Channel has no "
+            f"{', '.join(missing)} (inf-engine patches it; install the kombu its dependencies pin: "
+            "pip install 'kombu>=5.5,<5.8')"
+        )
 
 
 def share_redis_clients() -> None:
@@ -27,6 +48,7 @@ def share_redis_clients() -> None:
     from kombu.transport import redis as kombu_redis
 
     channel_cls: Any = kombu_redis.Channel
+    check_kombu(channel_cls)
     if getattr(channel_cls.conn_or_acquire, _PATCHED, False):
         return
 

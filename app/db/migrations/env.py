@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 
 from app.db import models  # noqa: F401  (registers the tables on Base.metadata)
 from app.db.base import Base
@@ -25,19 +26,28 @@ def run_offline() -> None:
         context.run_migrations()
 
 
+def _migrate_on(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite alters tables by copying them: batch mode does that for ALTER-style operations
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
 def run_online() -> None:
+    given = config.attributes.get("connection")
+    if given is not None:  # app.db.migrate passes the connection that holds the migrations' advisory lock
+        _migrate_on(given)
+        given.commit()
+        return
     engine = create_db_engine(_url())
     try:
         with engine.connect() as connection:
-            context.configure(
-                connection=connection,
-                target_metadata=target_metadata,
-                # SQLite alters tables by copying them: batch mode does that for ALTER-style operations
-                render_as_batch=connection.dialect.name == "sqlite",
-                compare_type=True,
-            )
-            with context.begin_transaction():
-                context.run_migrations()
+            _migrate_on(connection)
     finally:
         engine.dispose()
 
