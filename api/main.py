@@ -3,7 +3,7 @@
 The backend (from ``settings.backend`` unless given) is started in the app's lifespan and stopped at shutdown.
 Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/jobs, /v1/files, /v1/batches (Bearer keys from
 ``settings.api_keys``),
-/tokenize, /detokenize, /health and /metrics (open). The jobs runtime (database, embedded executor) starts in
+/tokenize, /detokenize, /health, /version and /metrics (open); /v1/engines is a deprecated alias of /v1/models. The jobs runtime (database, embedded executor) starts in
 the lifespan when a database is configured or already exists, otherwise on the first jobs request.
 """
 
@@ -17,7 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from api.errors import install_error_handlers
 from api.middleware import RequestContextMiddleware, RequestGuardMiddleware
-from api.platform import jobs_dispatcher, platform_collector
+from api.platform import jobs_dispatcher, platform_collector, platform_health_probe
 from api.routes import batches as batches_routes
 from api.routes import evaluations as evaluations_routes
 from api.routes import files as files_routes
@@ -31,6 +31,7 @@ from app.jobs.registry import configure_registry
 from app.serving import OpenAIServing, ServingMetrics
 from app.serving.backends import Backend, create_backend
 from app.settings import Settings, get_settings
+from app.version import version
 
 
 def create_app(
@@ -60,8 +61,9 @@ def create_app(
             await jobs.stop()
             await backend.stop()
 
-    app = FastAPI(title="inf-engine", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="inf-engine", version=version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
+    app.state.platform_health = platform_health_probe(settings)  # /health: who consumes the sweeper's queue
     app.state.serving = serving
     app.state.backend = backend
     app.state.jobs = jobs

@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.logs import bind as bind_log_context
+from app.logs import unbind as unbind_log_context
 from app.serving.errors import error_body
 from app.serving.logs import access_log
 from app.serving.metrics import ServingMetrics
@@ -57,9 +59,11 @@ class RequestContextMiddleware:
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             await send(message)
 
+        tokens = bind_log_context(request_id=request_id)  # every log line of this request carries its id
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            unbind_log_context(tokens)
             latency = time.perf_counter() - start
             route: Any = scope.get("route")
             handler = getattr(route, "path", None) or "unmatched"

@@ -4,6 +4,7 @@ configured) and the ``inf_engine_*`` metrics on ``/metrics``. Only wiring: the w
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from redis import Redis
@@ -24,6 +25,18 @@ def jobs_dispatcher(settings: Settings) -> Any:
     from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 
     return CeleryDispatcher(create_celery_app(settings), settings)
+
+
+def platform_health_probe(settings: Settings) -> Callable[[], dict[str, Any]] | None:
+    """What /health reports about the workers (None without Redis: no workers to report)."""
+    if not settings.redis_url:
+        return None
+    from app.jobs.distributed.presence import WorkerPresence, platform_health
+
+    presence = WorkerPresence(
+        Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2), settings.redis_prefix
+    )
+    return lambda: platform_health(presence, settings.celery_queue_prefix).as_dict()
 
 
 def platform_collector(settings: Settings, jobs: JobsRuntime) -> PlatformCollector:

@@ -17,16 +17,23 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from celery.beat import PersistentScheduler
 from redis import Redis
 
+from app.jobs.distributed.presence import SWEEPER_QUEUE_KIND, WorkerPresence, platform_health
 from app.jobs.distributed.transport.queues import Queues
-from app.settings import Settings
+from app.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 30.0
+#: beat's liveness: the heartbeat file older than this means beat is stuck (it ticks at least every sweep)
+HEARTBEAT_MAX_AGE_S = 120.0
+#: how often beat looks for a worker on the sweeper's queue (the first look after one period: workers start)
+SWEEPER_WATCH_EVERY_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +56,7 @@ def periodic_tasks(settings: Settings) -> list[Periodic]:
     """
     return [
         Periodic("beat-heartbeat", "inf.beat_heartbeat", HEARTBEAT_EVERY_S),
-        Periodic("sweeper", "inf.sweep", settings.sweep_interval),
+        Periodic("sweeper", "inf.sweep", settings.sweep_interval, queue=SWEEPER_QUEUE_KIND),
         # scheduled evaluations: queue each due (schedule, fire time) once and send it to a worker
         Periodic("evaluation-schedules", "inf.fire_evaluation_schedules", settings.evaluation_schedule_interval),
     ]
@@ -73,6 +80,69 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
 def heartbeat_key(settings: Settings) -> str:
     """Where the heartbeat task stores the time of beat's last tick."""
     return f"{settings.redis_prefix}:beat:heartbeat"
+
+
+def heartbeat_file(settings: Settings) -> Path:
+    """Touched by beat itself on every scheduler tick and while it stands by: its liveness probe reads it
+    (``inf-engine beat --check``), so a beat is judged by its own life, not by a worker's or Redis's."""
+    return Path(settings.data_dir).expanduser() / "beat-heartbeat"
+
+
+def touch(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError as exc:  # a read-only data dir: the probe will say so
+        log.warning("cannot write beat's heartbeat %s: %s", path, exc)
+
+
+def heartbeat_age(settings: Settings, now: float | None = None) -> float | None:
+    """Seconds since beat's last heartbeat; None when it never beat (in this data dir)."""
+    try:
+        mtime = heartbeat_file(settings).stat().st_mtime
+    except OSError:
+        return None
+    return max(0.0, (time.time() if now is None else now) - mtime)
+
+
+class SweeperWatch:
+    """Warns (every ``every_s``) while no worker consumes the sweeper's queue."""
+
+    def __init__(self, presence: WorkerPresence, queue_prefix: str, every_s: float = SWEEPER_WATCH_EVERY_S) -> None:
+        self.presence = presence
+        self.queue_prefix = queue_prefix
+        self.every_s = every_s
+        self._next = time.monotonic() + every_s
+
+    def check(self, now: float | None = None) -> list[str]:
+        """The problems found when a look is due (logged as warnings), else []."""
+        now = time.monotonic() if now is None else now
+        if now < self._next:
+            return []
+        self._next = now + self.every_s
+        problems = platform_health(self.presence, self.queue_prefix).problems
+        for problem in problems:
+            log.warning(problem)
+        return problems
+
+
+class HeartbeatScheduler(PersistentScheduler):  # type: ignore[misc]
+    """Celery's persistent scheduler, plus beat's heartbeat file and the sweeper watch on every tick."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = get_settings()
+        self._heartbeat = heartbeat_file(settings)
+        redis = Redis.from_url(settings.redis_url or "", socket_timeout=5)
+        self._watch = SweeperWatch(WorkerPresence(redis, settings.redis_prefix), settings.celery_queue_prefix)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        touch(self._heartbeat)
+        try:
+            self._watch.check()
+        except Exception as exc:  # Redis away: the schedule still runs
+            log.warning("cannot look for the sweeper's workers: %s", exc)
+        return float(super().tick(*args, **kwargs))
 
 
 def lock_key(settings: Settings) -> str:
@@ -110,10 +180,19 @@ class SingletonLock:
         value = self.redis.get(self.key)
         return value.decode() if isinstance(value, bytes) else None
 
-    def wait(self, poll_s: float, on_standby: Callable[[str | None], None] | None = None) -> None:
-        """Block until this process holds the lock."""
+    def wait(
+        self,
+        poll_s: float,
+        on_standby: Callable[[str | None], None] | None = None,
+        on_poll: Callable[[], None] | None = None,
+    ) -> None:
+        """Block until this process holds the lock (``on_poll`` runs at every try)."""
         told = False
-        while not self.try_acquire():
+        while True:
+            if on_poll is not None:
+                on_poll()
+            if self.try_acquire():
+                return
             if not told and on_standby is not None:
                 on_standby(self.holder())
                 told = True
@@ -165,13 +244,21 @@ def run_beat(
 
     # Until Celery installs its own handlers, a SIGTERM must still unwind through `finally` and free the lock.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    lock.wait(poll_s=max(1.0, settings.beat_lock_ttl / 3), on_standby=standby)
+    beating = heartbeat_file(settings)  # a standby beat is alive too: it beats while it waits
+    lock.wait(poll_s=max(1.0, settings.beat_lock_ttl / 3), on_standby=standby, on_poll=lambda: touch(beating))
     say(f"holding {lock.key} as {lock.token}; starting beat")
     stop = lock.keep(lost)
     schedule = settings.data_dir / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
     try:
-        celery.start(["beat", f"--loglevel={loglevel}", f"--schedule={schedule}"])
+        celery.start(
+            [
+                "beat",
+                f"--loglevel={loglevel}",
+                f"--schedule={schedule}",
+                f"--scheduler={HeartbeatScheduler.__module__}:{HeartbeatScheduler.__name__}",
+            ]
+        )
     finally:
         stop.set()
         try:

@@ -12,6 +12,7 @@ from api.deps import get_serving, require_api_key
 from api.disconnect import ClientDisconnected, until_disconnect
 from api.responses import JSONBytes
 from app.serving import OpenAIServing
+from app.serving.openai_serving import model_card
 from app.serving.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -30,6 +31,26 @@ def _respond(result: dict[str, Any] | AsyncIterator[bytes]) -> Response:
 @v1.get("/models")
 async def list_models(serving: OpenAIServing = Depends(get_serving)) -> Response:
     return JSONBytes(await serving.list_models())
+
+
+@v1.get("/models/{model_id:path}")
+async def retrieve_model(model_id: str, serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(model_card(await serving.list_models(), model_id))
+
+
+# OpenAI's older Engines API: kept as deprecated aliases of /v1/models, marked in the OpenAPI document and by a
+# Deprecation header (RFC 9745) with a Link to the successor
+DEPRECATION_HEADERS = {"Deprecation": "true", "Link": '</v1/models>; rel="successor-version"'}
+
+
+@v1.get("/engines", deprecated=True, summary="List models (deprecated: use /v1/models)")
+async def list_engines(serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(await serving.list_models(), headers=DEPRECATION_HEADERS)
+
+
+@v1.get("/engines/{engine_id:path}", deprecated=True, summary="Retrieve a model (deprecated: use /v1/models/{id})")
+async def retrieve_engine(engine_id: str, serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(model_card(await serving.list_models(), engine_id), headers=DEPRECATION_HEADERS)
 
 
 @v1.post("/chat/completions")

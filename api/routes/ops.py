@@ -1,25 +1,44 @@
-"""Open operational routes: /health (200, or 503 when the engine is dead or stalled) and /metrics."""
+"""Open operational routes: /health (200, or 503 when the engine is dead or stalled), /version and /metrics.
+
+With Redis configured, /health also reports the platform's workers: which of them consume each queue, and the
+problems a deployment cannot recover from (no worker on the sweeper's queue); they are reported, not failed on
+(status 200 with ``"platform": {"status": "degraded", ...}``), so that an orchestrator does not restart API pods
+for what only a worker can fix.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import get_serving
 from api.responses import JSONBytes
 from app.serving import OpenAIServing
 from app.serving.errors import error_body
 from app.serving.metrics import CONTENT_TYPE_LATEST
+from app.version import version as installed_version
 
 router = APIRouter()
 
 
 @router.get("/health")
-async def health(serving: OpenAIServing = Depends(get_serving)) -> Response:
+async def health(request: Request, serving: OpenAIServing = Depends(get_serving)) -> Response:
     status = await serving.health()
-    if status.ok:
-        return JSONBytes({"status": "ok"})
-    body = error_body(status.detail, type="service_unavailable", code="engine_unhealthy")
-    return JSONBytes(body, status_code=503)
+    if not status.ok:
+        body = error_body(status.detail, type="service_unavailable", code="engine_unhealthy")
+        return JSONBytes(body, status_code=503)
+    answer: dict[str, Any] = {"status": "ok"}
+    probe = getattr(request.app.state, "platform_health", None)
+    if probe is not None:
+        answer["platform"] = await run_in_threadpool(probe)
+    return JSONBytes(answer)
+
+
+@router.get("/version")
+async def version() -> Response:
+    return JSONBytes({"version": installed_version()})
 
 
 @router.get("/metrics")

@@ -11,13 +11,27 @@ from typing import IO, Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from app.cli.console import err, fail
+from app.cli.console import EXIT_BAD_INPUT, err, fail, say_error
+from app.cli.requirements import IN_PROCESS_BACKENDS, missing_extra_message, require_engine
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inf-engine: LLM pipelines at scale")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from app.version import version
+
+        typer.echo(f"inf-engine {version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit"),
+    ] = False,
+) -> None:
     """inf-engine: LLM pipelines, an inference engine and a job platform."""
     if "--help" in sys.argv[1:]:
         return  # help needs no settings
@@ -99,6 +113,7 @@ def run_command(
         raise fail(str(exc)) from None
     resource_config = _load_resources(resources)
     if resource_config is None:
+        require_engine("run")  # without --resources, the model runs in this process
         resource_config = _embedded_resources(module)
     if checkpoint_dir is not None and execution_id is None:
         execution_id = f"{Path(input).stem}-{type(module).__name__}"
@@ -162,6 +177,12 @@ async def _run_items(
 
 @app.command("serve")
 def serve_command(
+    model_arg: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="MODEL", help="HF folder or .gguf file to serve, as `vllm serve MODEL` (same as --model)"
+        ),
+    ] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (default: settings.serve_host)")] = None,
     port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default: settings.serve_port)")] = None,
     backend: Annotated[
@@ -170,23 +191,23 @@ def serve_command(
     model: Annotated[
         str | None, typer.Option(help="HF folder or .gguf file to serve (default: settings.model or SmolLM2)")
     ] = None,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--api-key",
+            help="Bearer key clients must send (repeat for several; 'tenant:key' names a tenant); "
+            "replaces settings.api_keys",
+        ),
+    ] = None,
 ) -> None:
-    """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, ...) with uvicorn."""
-    from app.settings import Settings, settings_error_message
+    """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, ...) with uvicorn.
 
-    options = {"serve_host": "--host", "serve_port": "--port", "backend": "--backend", "model": "--model"}
-    overrides: dict[str, Any] = {
-        k: v for k, v in {"serve_host": host, "serve_port": port, "backend": backend, "model": model}.items() if v is not None
-    }
-    try:
-        settings = Settings(**overrides)
-    except Exception as exc:
-        message = settings_error_message(exc, {k: options[k] for k in overrides})
-        if message is None:
-            raise
-        raise fail(message) from None
-    if model is not None and not Path(model).expanduser().exists() and settings.backend != "openai":
-        raise fail(f"--model {model} does not exist (give an HF folder or a .gguf file; nothing is downloaded)")
+    The flags override the settings (INF_ENGINE_* and inf-engine.toml), which stay the source of truth."""
+    if model_arg is not None and model is not None and model_arg != model:
+        raise fail(f"MODEL {model_arg!r} and --model {model!r} differ: give the model once")
+    settings = _serve_settings(host, port, backend, model_arg or model, api_key)
+    if settings.backend in IN_PROCESS_BACKENDS:
+        require_engine("serve")
     import uvicorn
 
     from api.main import create_app
@@ -212,6 +233,30 @@ def serve_command(
     )
 
 
+def _serve_settings(
+    host: str | None, port: int | None, backend: str | None, model: str | None, api_keys: list[str] | None
+) -> Any:
+    """The settings with the command line's flags on top (each flag named in its own error line)."""
+    from app.settings import Settings, settings_error_message
+
+    options = {
+        "serve_host": "--host", "serve_port": "--port", "backend": "--backend", "model": "MODEL/--model",
+        "api_keys": "--api-key",
+    }
+    given = {"serve_host": host, "serve_port": port, "backend": backend, "model": model, "api_keys": api_keys}
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except Exception as exc:
+        message = settings_error_message(exc, {k: options[k] for k in overrides})
+        if message is None:
+            raise
+        raise fail(message) from None
+    if model is not None and not Path(model).expanduser().exists() and settings.backend != "openai":
+        raise fail(f"model {model} does not exist (give an HF folder or a .gguf file; nothing is downloaded)")
+    return settings
+
+
 def _add_platform_commands() -> None:
     from app.cli.db import db_app
     from app.cli.jobs import register_job_commands
@@ -230,8 +275,25 @@ _add_platform_commands()
 def main() -> None:
     from app.settings import exit_on_bad_settings
 
-    with exit_on_bad_settings():  # a setting first read inside a command fails the same way as in _root
-        app()
+    try:
+        with exit_on_bad_settings():  # a setting first read inside a command fails the same way as in _root
+            app()
+    except ModuleNotFoundError as exc:  # an extra this install lacks (the engine's torch, Flower)
+        message = missing_extra_message(exc, _command_name())
+        if message is None:
+            raise
+        say_error(message)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except ImportError as exc:  # e.g. a kombu without what the Celery transport patches
+        if type(exc).__name__ != "KombuIncompatibleError":
+            raise
+        say_error(str(exc))
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def _command_name() -> str:
+    names = [a for a in sys.argv[1:] if not a.startswith("-")]
+    return names[0] if names else "inf-engine"
 
 
 if __name__ == "__main__":

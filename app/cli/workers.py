@@ -7,12 +7,16 @@ commands runs.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Annotated, Any
 
 import typer
 
-from app.cli.console import err, fail
+from app.cli.console import EXIT_FAILED, fail
+from app.cli.requirements import require_engine, require_flower
+
+log = logging.getLogger("inf_engine.cli")
 
 POOLS = ("prefork", "threads", "solo")
 
@@ -97,6 +101,9 @@ def worker_command(
         raise fail(f"--pool must be one of {', '.join(POOLS)}, not {pool!r}")
     names = worker_queues(queues, engine, settings.celery_queue_prefix)
     if engine:
+        require_engine("worker --engine")
+    _json_logs(loglevel or settings.log_level, "worker")
+    if engine:
         from workers.engine_host import setup_engine_worker
 
         setup_engine_worker(settings)
@@ -117,29 +124,62 @@ def worker_command(
     if concurrency is not None:
         argv.append(f"--concurrency={concurrency}")
     from workers.celery_app import app as celery
+    from workers.observability import announce_queues
 
-    err.print(
-        f"worker consuming {', '.join(names)} ({pool}, concurrency {concurrency or 'per CPU'})",
-        highlight=False,
-        soft_wrap=True,
-    )
+    announce_queues(settings, names)  # what beat and /health read to find the sweeper's consumers
+    sweeper = _sweeper_queue(settings)
+    if sweeper not in names:
+        log.warning("this worker does not consume %s (the sweeper's queue): start another worker that does", sweeper)
+    log.info("worker consuming %s (%s, concurrency %s)", ", ".join(names), pool, concurrency or "per CPU")
     celery.worker_main(argv)
+
+
+def _json_logs(level: str, service: str) -> None:
+    from app.logs import configure_logging
+
+    configure_logging(level, service)
+
+
+def _sweeper_queue(settings: Any) -> str:
+    from app.jobs.distributed.presence import sweeper_queue
+
+    return sweeper_queue(settings.celery_queue_prefix)
 
 
 def beat_command(
     loglevel: Annotated[str | None, typer.Option(help="Log level (default: settings.log_level)")] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Liveness probe: exit 0 when a beat in this data dir (running or standing by) beat within "
+            "the last 120 s, else 1",
+        ),
+    ] = False,
 ) -> None:
     """Start Celery beat (periodic tasks); one instance runs, others stand by on a Redis lock."""
+    if check:
+        _check_beat()
+        return
     settings = _settings()
+    _json_logs(loglevel or settings.log_level, "beat")
     from workers.beat import run_beat
     from workers.celery_app import app as celery
 
-    run_beat(
-        celery,
-        settings,
-        loglevel=loglevel or settings.log_level,
-        say=lambda line: err.print(line, highlight=False, soft_wrap=True),
-    )
+    run_beat(celery, settings, loglevel=loglevel or settings.log_level, say=log.info)
+
+
+def _check_beat() -> None:
+    from app.settings import get_settings
+    from workers.beat import HEARTBEAT_MAX_AGE_S, heartbeat_age, heartbeat_file
+
+    settings = get_settings()
+    age = heartbeat_age(settings)
+    if age is None:
+        raise fail(f"beat has not beaten: no {heartbeat_file(settings)}", EXIT_FAILED)
+    if age > HEARTBEAT_MAX_AGE_S:
+        raise fail(f"beat's last heartbeat is {age:.0f} s old (over {HEARTBEAT_MAX_AGE_S:.0f} s)", EXIT_FAILED)
+    typer.echo(f"beat alive: last heartbeat {age:.0f} s ago")
 
 
 def flower_command(
@@ -151,6 +191,7 @@ def flower_command(
     ] = None,
 ) -> None:
     """Start Flower (the Celery monitor) against the broker, with basic auth from settings."""
+    require_flower()
     settings = _settings()
     if not settings.flower_password:
         raise fail(
@@ -162,15 +203,15 @@ def flower_command(
     from workers.celery_app import app as celery
 
     bind, listen = address or settings.flower_address, port or settings.flower_port
-    err.print(
-        f"Flower on http://{bind}:{listen} (user {settings.flower_user!r})", highlight=False, soft_wrap=True
-    )
+    _json_logs(settings.log_level, "flower")
+    log.info("Flower on http://%s:%s (user %r)", bind, listen, settings.flower_user)
     celery.start(
         [
             "flower",
             f"--address={bind}",
             f"--port={listen}",
             f"--basic-auth={settings.flower_user}:{settings.flower_password}",
+            "--logging=none",  # tornado adds no handler of its own: our JSON handler on the root logs it all
         ]
     )
 

@@ -407,3 +407,12 @@ class OpenAIServing:
         finally:
             await _aclose(stream)
         yield DONE
+
+
+def model_card(listing: dict[str, Any], model_id: str) -> dict[str, Any]:
+    """The card of ``model_id`` in a ``/v1/models`` listing (``GET /v1/models/{id}``); 404 when it is not served."""
+    cards: list[dict[str, Any]] = listing.get("data", [])
+    for card in cards:
+        if card.get("id") == model_id:
+            return card
+    raise model_not_found(model_id, [str(c.get("id")) for c in cards])
