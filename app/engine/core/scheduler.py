@@ -10,15 +10,19 @@ Speculative decoding adds *lookahead slots*: a decoding sequence may get up to `
 cache slots (and as many tokens of the budget) for proposed tokens that the model verifies in the same pass.
 The scheduler only reserves them; ``update`` then receives several tokens for that sequence, counts the
 verified ones as computed, and releases the blocks that only the rejected proposals used.
+
+Which waiting sequences a step admits is the batching strategy's choice (``batching_strategy``:
+``continuous``, ``bucketed`` or ``memory_aware``, see :mod:`app.engine.core.admission`).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.engine.core.admission import BatchingStrategyName, check_batching_strategy, make_admission
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -42,9 +46,13 @@ class SchedulerConfig:
     # of running sequences from which none are reserved (large batches gain nothing from speculation).
     num_lookahead_slots: int = 0
     lookahead_disable_batch_size: int | None = None
+    # Admission (see app.engine.core.admission); bucketed groups prompts by num_tokens // batching_bucket_size.
+    batching_strategy: BatchingStrategyName = "continuous"
+    batching_bucket_size: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        check_batching_strategy(self.batching_strategy)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "batching_bucket_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_lookahead_slots < 0:
@@ -93,6 +101,9 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_cached_blocks: int
+    eviction_policy: str = "lru"
+    prefix_cache_evictions: int = 0  # cached blocks given up for fresh ones
+    prefix_cache_expirations: int = 0  # cached blocks dropped by the time-to-live
 
 
 def _rank(policy: str, seq: Sequence) -> tuple[float, ...]:
@@ -121,8 +132,15 @@ class _WaitingQueue:
         return heapq.heappop(self._heap)[1]
 
     def remove(self, seq: Sequence) -> None:
+        if self._heap and self._heap[0][1] is seq:
+            heapq.heappop(self._heap)
+            return
         self._heap = [e for e in self._heap if e[1] is not seq]
         heapq.heapify(self._heap)
+
+    def ranked(self, keep: Callable[[Sequence], bool]) -> list[Sequence]:
+        """The waiting sequences for which ``keep`` holds, in rank order (sorting only those)."""
+        return [seq for _, seq in sorted((e for e in self._heap if keep(e[1])), key=lambda e: e[0])]
 
     def __contains__(self, seq: object) -> bool:
         return any(e[1] is seq for e in self._heap)
@@ -151,6 +169,12 @@ class Scheduler:
         self.requests: dict[str, SequenceGroup] = {}
         self._pending_forks: dict[int, list[Sequence]] = {}  # parent seq id -> children not yet forked
         self.num_preemptions = 0
+        self.admission = make_admission(
+            config.batching_strategy,
+            block_manager=block_manager,
+            max_model_len=self.max_model_len,
+            bucket_size=config.batching_bucket_size,
+        )
 
     # ---- requests in and out ----
     def add(self, request: Sequence | SequenceGroup) -> SequenceGroup:
@@ -244,33 +268,44 @@ class Scheduler:
             else:
                 budget -= self._schedule_seq(seq, n, out)
 
-        # Admissions, in policy order. Not after preempting above: memory is short and admitting would
-        # thrash. The priority policy may still preempt lower-ranked running sequences for a waiting one.
-        may_admit = not out.preempted
+        self._admit(out, budget)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        """Admissions, in policy order as the batching strategy picks them. None after preempting in this
+        step: memory is short and admitting would thrash. The priority policy may still preempt
+        lower-ranked running sequences for a waiting one."""
+        if out.preempted:
+            return
+        strategy = self.admission
+        strategy.begin(self.running, self._seats)
         seats_used = self._seats_in_use()
-        while may_admit and len(self.waiting) and budget > 0:
-            seq = self.waiting.peek()
+        while len(self.waiting) and budget > 0:
+            seq = strategy.candidate(self.waiting)
+            if seq is None:
+                break
             if seats_used + self._seats(seq) <= self.config.max_num_seqs:
                 hits = self.block_manager.find_cached_blocks(seq)
                 num_hit_tokens = len(hits) * self.block_manager.block_size
                 n = self._chunk(seq, seq.num_tokens - num_hit_tokens, budget, computed=num_hit_tokens)
                 if n == 0:
                     break  # does not fit the budget unchunked; keep the order, do not skip ahead
-                if self.block_manager.allocate_slots(seq, n, hits):
-                    self.waiting.pop()
+                if strategy.fits(seq, hits) and self.block_manager.allocate_slots(seq, n, hits):
+                    self.waiting.remove(seq)
                     seq.status = SequenceStatus.RUNNING
                     self.running.append(seq)
                     budget -= self._schedule_seq(seq, n, out)
                     seats_used += self._seats(seq)
+                    strategy.admitted(seq)  # before forking: it counts the children still to come
                     self._maybe_fork(seq)
                     continue
-            # No seat or no blocks for the head of the queue.
+            # No seat, no blocks, or no room in the projection for this sequence.
             returned = self._preempt_for(seq, out)
             if returned is None:
                 break
+            strategy.preempted()
             budget += returned
             seats_used = self._seats_in_use()
-        return out
 
     def update(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[int, int | list[int]]
@@ -323,6 +358,9 @@ class Scheduler:
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
             num_cached_blocks=bm.num_cached_blocks,
+            eviction_policy=bm.eviction_policy,
+            prefix_cache_evictions=bm.num_evictions,
+            prefix_cache_expirations=bm.num_expirations,
         )
 
     def has_unfinished(self) -> bool:
