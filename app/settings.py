@@ -118,6 +118,23 @@ class Settings(BaseSettings):
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         default="fcfs", description="Native engine: 'priority' serves lower request priority values first"
     )
+    kv_cache_eviction_policy: Literal["lru", "lfu", "fifo"] = Field(
+        default="lru",
+        description="Native engine: which free cached KV block gives way when a fresh one is needed: 'lru' (freed "
+        "longest ago), 'lfu' (used by the fewest requests) or 'fifo' (cached first)",
+    )
+    prefix_cache_ttl_s: float | None = Field(
+        default=None, gt=0, description="Native engine: seconds an unused cached prefix is kept; unset = until evicted"
+    )
+    batching_strategy: Literal["continuous", "bucketed", "memory_aware"] = Field(
+        default="continuous",
+        description="Native engine admission: 'continuous' (fill every step), 'bucketed' (a step admits prompts of "
+        "similar length, see batching_bucket_size) or 'memory_aware' (admit only when prompt + max_tokens fit the "
+        "free KV cache, so fewer preemptions)",
+    )
+    batching_bucket_size: int = Field(
+        default=128, ge=1, description="Native engine, bucketed batching: prompt-length bucket width in tokens"
+    )
     speculative_config: dict[str, Any] | None = Field(
         default=None,
         description=(

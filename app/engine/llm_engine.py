@@ -29,7 +29,9 @@ from typing import Any, Literal
 import torch
 
 from app.engine.config import ModelConfig
+from app.engine.core.admission import BatchingStrategyName, check_batching_strategy
 from app.engine.core.block_manager import BlockManager, num_blocks_for_budget
+from app.engine.core.eviction import EvictionPolicyName, check_eviction_policy, check_ttl
 from app.engine.core.sampling_params import SamplingParams
 from app.engine.core.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
@@ -77,6 +79,13 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's context length (capped by the KV cache)
     enable_prefix_caching: bool = True
+    # Which free cached KV block gives way to a fresh one, and how long an unused cached prefix is kept
+    # (seconds; None: until evicted). See app.engine.core.eviction.
+    kv_cache_eviction_policy: EvictionPolicyName = "lru"
+    prefix_cache_ttl_s: float | None = None
+    # Which waiting requests a step admits (app.engine.core.admission); bucketed groups prompts by length.
+    batching_strategy: BatchingStrategyName = "continuous"
+    batching_bucket_size: int = 128
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int | None = None
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -94,7 +103,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
-        for name in ("block_size", "max_num_seqs"):
+        check_eviction_policy(self.kv_cache_eviction_policy)
+        check_ttl(self.prefix_cache_ttl_s)
+        check_batching_strategy(self.batching_strategy)
+        for name in ("block_size", "max_num_seqs", "batching_bucket_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in (
@@ -215,7 +227,13 @@ class LLMEngine:
 
         budget, num_blocks = self._size_kv_cache()
         spec = SpeculativeConfig.parse(config.speculative_config)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            eviction_policy=config.kv_cache_eviction_policy,
+            prefix_cache_ttl_s=config.prefix_cache_ttl_s,
+        )
         self.scheduler = Scheduler(self._scheduler_config(num_blocks, spec), self.block_manager)
         self.max_model_len = self.scheduler.max_model_len
         self.runner = ModelRunner(
@@ -283,6 +301,8 @@ class LLMEngine:
             max_model_len=max_model_len,
             num_lookahead_slots=spec.num_speculative_tokens if spec else 0,
             lookahead_disable_batch_size=spec.disable_by_batch_size if spec else None,
+            batching_strategy=config.batching_strategy,
+            batching_bucket_size=config.batching_bucket_size,
         )
 
     def _make_spec_decoder(self, spec: SpeculativeConfig, num_blocks: int) -> SpeculativeDecoder:
@@ -515,6 +535,9 @@ class LLMEngine:
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
+            eviction_policy=s.eviction_policy,
+            prefix_cache_evictions=s.prefix_cache_evictions,
+            prefix_cache_expirations=s.prefix_cache_expirations,
             spec_decode=self.spec_decoder.stats.copy() if self.spec_decoder is not None else None,
         )
 

@@ -152,6 +152,10 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # the prefix cache's eviction policy, and the cached blocks it gave up for fresh ones or to its TTL
+    eviction_policy: str = "lru"
+    prefix_cache_evictions: int = 0
+    prefix_cache_expirations: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> finished sequences
@@ -226,6 +230,9 @@ class StatsCollector:
         prefix_cache_hits: int,
         num_preemptions: int,
         spec_decode: SpecDecodeStats | None = None,
+        eviction_policy: str = "lru",
+        prefix_cache_evictions: int = 0,
+        prefix_cache_expirations: int = 0,
     ) -> EngineStats:
         with self._lock:
             s = self._stats
@@ -245,6 +252,9 @@ class StatsCollector:
                 prefix_cache_queries=prefix_cache_queries,
                 prefix_cache_hits=prefix_cache_hits,
                 num_preemptions=num_preemptions,
+                eviction_policy=eviction_policy,
+                prefix_cache_evictions=prefix_cache_evictions,
+                prefix_cache_expirations=prefix_cache_expirations,
                 prompt_tokens=s.prompt_tokens,
                 generation_tokens=s.generation_tokens,
                 request_success=dict(s.request_success),

@@ -3,6 +3,11 @@
 Per-request metrics (tokens, TTFT, inter-token latency, end-to-end latency, queue time, successes) are
 observed by the server as it streams, so every backend gets them; scheduler and cache gauges come from
 ``Backend.stats()`` at scrape time. Each app has its own registry (several apps may live in one process).
+
+Our engine also reports its prefix cache per eviction policy, under our own names (vLLM has no such series):
+``inf_engine_prefix_cache_{queries,hits,misses}_total`` in tokens, and
+``inf_engine_prefix_cache_evictions_total`` in blocks with ``reason`` ``capacity`` (given up for a fresh
+block) or ``ttl`` (unused for the time-to-live), all labelled with the ``policy``.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ class _EngineStatsCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=LABELS)
             counter.add_metric(self._labels, float(value))
             yield counter
+        if stats.eviction_policy is not None:
+            yield from self._prefix_cache_by_policy(stats, stats.eviction_policy)
         if stats.spec_decode_enabled:
             per_pos = CounterMetricFamily(
                 "vllm:spec_decode_num_accepted_tokens_per_pos",
@@ -104,6 +111,31 @@ class _EngineStatsCollector(Collector):
             for position, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
                 per_pos.add_metric([*self._labels, str(position)], float(value))
             yield per_pos
+
+    def _prefix_cache_by_policy(self, stats: EngineStats, policy: str) -> Iterator[Metric]:
+        labels = [*self._labels, policy]
+        tokens = (
+            ("queries", "Prefix cache queries, in tokens, by eviction policy.", stats.prefix_cache_queries),
+            ("hits", "Prefix cache hits, in tokens, by eviction policy.", stats.prefix_cache_hits),
+            (
+                "misses",
+                "Prefix cache misses (queried tokens not served from the cache), by eviction policy.",
+                stats.prefix_cache_queries - stats.prefix_cache_hits,
+            ),
+        )
+        for what, doc, value in tokens:
+            counter = CounterMetricFamily(f"inf_engine_prefix_cache_{what}", doc, labels=[*LABELS, "policy"])
+            counter.add_metric(labels, float(value))
+            yield counter
+        evictions = CounterMetricFamily(
+            "inf_engine_prefix_cache_evictions",
+            "Cached KV blocks given up, by eviction policy and reason (capacity: for a fresh block; "
+            "ttl: unused for the time-to-live).",
+            labels=[*LABELS, "policy", "reason"],
+        )
+        evictions.add_metric([*labels, "capacity"], float(stats.prefix_cache_evictions))
+        evictions.add_metric([*labels, "ttl"], float(stats.prefix_cache_expirations))
+        yield evictions
 
 
 class ServingMetrics:

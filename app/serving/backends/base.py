@@ -200,6 +200,11 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # the prefix cache's eviction policy (None: the backend does not say, and no inf_engine_prefix_cache_*
+    # series are exported) and the cached blocks it gave up for fresh ones ("capacity") or to its TTL
+    eviction_policy: str | None = None
+    prefix_cache_evictions: int = 0
+    prefix_cache_expirations: int = 0
     # speculative decoding counters (exported only when it is on)
     spec_decode_enabled: bool = False
     spec_decode_num_drafts: int = 0

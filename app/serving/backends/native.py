@@ -89,6 +89,12 @@ class NativeBackend(LocalBackend):
             scheduling_policy=settings.scheduling_policy,
             num_threads=settings.num_threads,
             speculative_config=settings.speculative_config,
+            engine_kwargs={
+                "kv_cache_eviction_policy": settings.kv_cache_eviction_policy,
+                "prefix_cache_ttl_s": settings.prefix_cache_ttl_s,
+                "batching_strategy": settings.batching_strategy,
+                "batching_bucket_size": settings.batching_bucket_size,
+            },
         )
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -158,6 +164,9 @@ class NativeBackend(LocalBackend):
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
+            eviction_policy=s.eviction_policy,
+            prefix_cache_evictions=s.prefix_cache_evictions,
+            prefix_cache_expirations=s.prefix_cache_expirations,
             spec_decode_enabled=s.spec_decode_enabled,
             spec_decode_num_drafts=s.spec_decode_num_drafts,
             spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
