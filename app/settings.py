@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".inf-engine"), description="Where local state (checkpoints, caches) lives")
     log_level: str = "INFO"
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; SQLite in data_dir when unset")
+    database_password: str | None = Field(
+        default=None,
+        repr=False,
+        description="Password for database_url (replaces the URL's own): a secret kept apart from the URL",
+    )
     redis_url: str | None = Field(default=None, description="Redis URL for Celery and global limits")
     api_keys: list[str] = Field(default_factory=list, description="Bearer keys accepted on /v1/*; empty = open")
     resources_file: Path | None = Field(default=None, description="Default ResourceConfig file (TOML or YAML)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the work itself failed (a server error, a migration that broke, failed items)
@@ -21,7 +22,7 @@ class CommandError(Exception):
 
 
 def say_error(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # '[engine]' is text
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import IO, Annotated, Any
@@ -218,10 +219,9 @@ def serve_command(
         application = create_app(settings)
     except ValueError as exc:  # e.g. a backend that misses its settings
         raise fail(str(exc)) from None
-    err.print(
-        f"serving {application.state.backend.served_model_name!r} with the {settings.backend} backend "
-        f"on http://{settings.serve_host}:{settings.serve_port}/v1",
-        highlight=False,
+    logging.getLogger("inf_engine.cli").info(
+        "serving %r with the %s backend on http://%s:%s/v1",
+        application.state.backend.served_model_name, settings.backend, settings.serve_host, settings.serve_port,
     )
     uvicorn.run(
         application,

@@ -31,6 +31,8 @@ def database_url(settings: Settings) -> str:
             url = "postgresql://" + url[len("postgres://") :]
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url[len("postgresql://") :]
+        if settings.database_password:  # one secret per value: the password is not repeated inside the URL
+            url = make_url(url).set(password=settings.database_password).render_as_string(hide_password=False)
         return url
     return f"sqlite:///{Path(settings.data_dir).expanduser().resolve() / SQLITE_FILE}"
 

@@ -87,7 +87,7 @@ def load_kernel(name: str, sources: tuple[str, ...] | None = None) -> ctypes.CDL
         return None
     compiler = find_compiler()
     if compiler is None:
-        log.info("C kernel %s not used: no C compiler (cc, gcc or clang) on PATH", name)
+        log.warning("C kernel %s not used (PyTorch fallback): no C compiler (cc, gcc or clang) on PATH", name)
         return None
     paths = [SOURCE_DIR / src for src in (sources or (f"{name}.c",))]
     headers = sorted(SOURCE_DIR.glob("*.h"))  # included by the sources: part of what was built

@@ -11,7 +11,7 @@ import yaml
 from app.cli import app as cli
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
-CLI_COMMANDS = {c.name for c in cli.registered_commands}
+CLI_COMMANDS = {c.name for c in cli.registered_commands} | {g.name for g in cli.registered_groups}
 
 
 def _inf_engine_command(command: list[str]) -> str:
@@ -28,23 +28,28 @@ def test_the_cli_has_the_commands_the_deployment_uses() -> None:
 def test_compose_services_run_cli_commands() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "api", "worker", "engine-worker", "beat", "flower"}
+    assert set(services) == {
+        "postgres", "redis", "migrate", "api", "worker", "engine-worker", "engine-worker-gpu", "beat", "flower",
+    }
     roles = {
         name: _inf_engine_command(s["command"])
         for name, s in services.items()
         if "image" in s and "inf" in s["image"]
     }
     assert roles == {
+        "migrate": "db",
         "api": "serve",
         "worker": "worker",
         "engine-worker": "worker",
+        "engine-worker-gpu": "worker",
         "beat": "beat",
         "flower": "flower",
     }
     assert "--engine" in services["engine-worker"]["command"]
     assert "noeviction" in services["redis"]["command"]
     for name, service in services.items():
-        assert "healthcheck" in service, f"{name} has no healthcheck"
+        if name != "migrate":  # a one-shot job
+            assert "healthcheck" in service, f"{name} has no healthcheck"
     assert "/health" in " ".join(services["api"]["healthcheck"]["test"])
     env = services["api"]["environment"]
     assert env["INF_ENGINE_REDIS_URL"].startswith("redis://redis:")
@@ -81,6 +86,7 @@ def test_k8s_deployments_run_cli_commands_with_probes() -> None:
         for name, c in deployments.items()
         if c["image"] == "inf-engine"
     }
+    assert "redis" not in deployments  # a StatefulSet (test_redis_is_a_stateful_set_with_a_volume)
     assert roles == {
         "api": "serve",
         "worker": "worker",
@@ -94,7 +100,6 @@ def test_k8s_deployments_run_cli_commands_with_probes() -> None:
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert api[probe]["httpGet"] == {"path": "/health", "port": 8000}
     assert deployments["flower"]["readinessProbe"]["httpGet"]["path"] == "/healthcheck"
-    assert "noeviction" in deployments["redis"]["args"]
 
 
 @pytest.mark.parametrize("name", ["worker", "engine-worker"])
@@ -110,3 +115,140 @@ def test_beat_never_runs_twice_during_a_rollout() -> None:
     beat = next(d for d in _k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "beat")
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"]["type"] == "Recreate"
+
+
+# -- issue 17: what a deployer's cluster needs --------------------------------------------------------------------
+def _pod_specs() -> dict[str, dict[str, Any]]:
+    return {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
+        for d in _k8s_documents()
+        if d["kind"] in {"Deployment", "StatefulSet", "Job", "DaemonSet"}
+    }
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas() -> None:
+    """Offline, strict (unknown fields are errors), with kubernetes-validate's bundled schemas."""
+    import kubernetes_validate
+
+    docs = _k8s_documents()
+    assert len(docs) >= 15
+    for doc in docs:
+        if doc["kind"] == "Kustomization":
+            continue
+        kubernetes_validate.validate(doc, "1.31.0", strict=True)
+
+
+def test_the_validator_would_catch_a_broken_manifest() -> None:
+    import kubernetes_validate
+
+    bad = next(d for d in _k8s_documents() if d["kind"] == "Deployment")
+    bad = {**bad, "spec": {**bad["spec"], "replicas": "two"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.31.0", strict=True)
+
+
+def test_every_container_has_cpu_and_memory_requests_and_limits() -> None:
+    for owner, spec in _pod_specs().items():
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            resources = container.get("resources", {})
+            for part in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(resources.get(part, {})), f"{owner}/{container['name']} {part}"
+
+
+def test_migrations_run_in_an_init_container_not_in_every_api_replica() -> None:
+    config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")
+    assert config["data"]["INF_ENGINE_DB_AUTO_UPGRADE"] == "false"
+    api = _pod_specs()["Deployment/api"]
+    (migrate,) = api["initContainers"]
+    assert migrate["command"] == ["inf-engine", "db", "upgrade"]
+    for owner, spec in _pod_specs().items():
+        if owner != "Deployment/api":
+            assert "initContainers" not in spec or all(
+                c["command"][:3] != ["inf-engine", "db", "upgrade"] for c in spec["initContainers"]
+            )
+
+
+def test_redis_is_a_stateful_set_with_a_volume_and_noeviction() -> None:
+    (redis,) = [d for d in _k8s_documents() if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "redis"]
+    container = redis["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert args[args.index("--appendonly") + 1] == "yes"
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    assert {"name": claim["metadata"]["name"], "mountPath": "/data"} in container["volumeMounts"]
+    assert "volumes" not in redis["spec"]["template"]["spec"]  # no emptyDir left
+
+
+def test_beat_liveness_reads_its_own_heartbeat() -> None:
+    beat = _containers("Deployment")["beat"]
+    assert beat["livenessProbe"]["exec"]["command"] == ["inf-engine", "beat", "--check"]
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert compose["services"]["beat"]["healthcheck"]["test"] == ["CMD", "inf-engine", "beat", "--check"]
+
+
+def test_one_secret_per_value_and_no_password_in_a_url() -> None:
+    secrets = [d for d in _k8s_documents() if d["kind"] == "Secret"]
+    for secret in secrets:
+        assert len(secret.get("stringData", {})) + len(secret.get("data", {})) == 1, secret["metadata"]["name"]
+    values = [v for s in secrets for v in s["stringData"].values()]
+    texts = [yaml.safe_dump(d) for d in _k8s_documents() if d["kind"] != "Secret"]
+    for value in set(values):
+        assert not any(f":{value}@" in text for text in texts), "a secret repeated inside a URL"
+    config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")
+    assert "@" in config["data"]["INF_ENGINE_DATABASE_URL"] and ":" not in config["data"]["INF_ENGINE_DATABASE_URL"].split("//")[1].split("@")[0]
+    referenced = {
+        ref["secretKeyRef"]["name"]
+        for spec in _pod_specs().values()
+        for c in [*spec.get("initContainers", []), *spec["containers"]]
+        for ref in (e.get("valueFrom", {}) for e in c.get("env", []))
+        if "secretKeyRef" in ref
+    }
+    assert referenced == {s["metadata"]["name"] for s in secrets}
+
+
+def test_engine_worker_is_cpu_by_default_and_gpu_is_opt_in() -> None:
+    engine = _containers("Deployment")["engine-worker"]
+    assert not any("nvidia.com/gpu" in part for part in engine["resources"].values())
+    overlay = yaml.safe_load((DEPLOY / "k8s" / "gpu" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == [".."]
+    (patch,) = overlay["patches"]
+    assert patch["target"]["name"] == "engine-worker"
+    ops = yaml.safe_load(patch["patch"])
+    assert {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "inf-engine:gpu"} in ops
+    assert any(op["path"].endswith("limits/nvidia.com~1gpu") and op["value"] == 1 for op in ops)
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    assert "profiles" not in compose["engine-worker"] and "deploy" not in compose["engine-worker"]
+    gpu = compose["engine-worker-gpu"]
+    assert gpu["profiles"] == ["gpu"] and "cu" in gpu["build"]["args"]["TORCH_INDEX"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_compose_file_is_consistent() -> None:
+    """No Docker here: the compose file is checked by a parser and the structure compose requires."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services, volumes = compose["services"], set(compose.get("volumes") or {})
+    for name, service in services.items():
+        assert "image" in service or "build" in service, name
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert dependency in services and dependency != name, (name, dependency)
+            assert condition["condition"] in {"service_started", "service_healthy", "service_completed_successfully"}
+        for mount in service.get("volumes", []):
+            source = mount.split(":")[0]
+            assert source.startswith((".", "/")) or source in volumes, (name, source)
+        assert isinstance(service.get("command", []), list)
+    migrate = services["migrate"]
+    assert migrate["command"] == ["inf-engine", "db", "upgrade"] and migrate["restart"] == "no"
+    for name in ("api", "worker", "engine-worker", "beat", "flower"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert services["api"]["environment"]["INF_ENGINE_DB_AUTO_UPGRADE"] == "false"
+    assert "@postgres" in services["api"]["environment"]["INF_ENGINE_DATABASE_URL"]
+    assert ":" not in services["api"]["environment"]["INF_ENGINE_DATABASE_URL"].split("//")[1].split("@")[0]
+
+
+def test_dockerfile_compiles_the_kernels_and_fails_without_them() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "gcc" in text and "libgomp1" in text
+    assert "from app.engine.kernels import available" in text and "sys.exit(0 if ok else 1)" in text
+    assert 'ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu' in text
+    assert "COPY migrations" not in text  # they are package data now
+    assert 'pip install ".[engine,flower]"' in text

