@@ -43,9 +43,10 @@ def missing_extra_message(exc: ModuleNotFoundError, command: str) -> str | None:
 
 
 def require_engine(command: str) -> None:
-    """Stop ``command`` in one line (exit status 2) when torch is not installed."""
-    if not _installed("torch"):
-        raise fail(engine_missing_message("torch", command))
+    """Stop ``command`` in one line (exit status 2) when a module of the engine extra is not installed."""
+    missing = [module for module in sorted(ENGINE_MODULES, key=lambda m: m != "torch") if not _installed(module)]
+    if missing:
+        raise fail(engine_missing_message(missing[0], command))
 
 
 def require_flower() -> None:

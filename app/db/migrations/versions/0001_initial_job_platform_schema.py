@@ -26,6 +26,11 @@ TS = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    _create_pipeline_and_job_tables()
+    _create_item_and_result_tables()
+
+
+def _create_pipeline_and_job_tables() -> None:
     op.create_table(
         "files",
         sa.Column("id", sa.String(64), nullable=False),
@@ -102,6 +107,9 @@ def upgrade() -> None:
         sa.UniqueConstraint("owner", "idempotency_key", name=op.f("uq_jobs_owner_idempotency_key")),
     )
     op.create_index("ix_jobs_status_priority_id", "jobs", ["status", "priority", "id"])
+
+
+def _create_item_and_result_tables() -> None:
     op.create_table(
         "parameter_versions",
         sa.Column("id", BigId, autoincrement=True, nullable=False),

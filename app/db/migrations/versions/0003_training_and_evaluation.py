@@ -25,6 +25,11 @@ TS = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    _create_training_and_schedule_tables()
+    _create_evaluation_and_feedback_tables()
+
+
+def _create_training_and_schedule_tables() -> None:
     op.create_table(
         "trainings",
         sa.Column("id", sa.String(64), nullable=False),
@@ -88,6 +93,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_evaluation_schedules_enabled_next_fire_at", "evaluation_schedules",
                     ["enabled", "next_fire_at"])
+
+
+def _create_evaluation_and_feedback_tables() -> None:
     op.create_table(
         "evaluations",
         sa.Column("id", sa.String(64), nullable=False),
