@@ -289,7 +289,10 @@ class AttentionMetadata:
             index = torch.tensor(seqs, dtype=torch.long, device=device)
             entry_tables = tables.index_select(0, index)[:, :nblocks]
         return _DecodeIndex(
-            entry_rows, entry_tables.contiguous(), torch.tensor(ctx, dtype=torch.long, device=device), max(ctx)
+            entry_rows,
+            entry_tables.contiguous(),
+            torch.tensor(ctx, dtype=torch.long, device=device),
+            max(ctx),
         )
 
     def _build_decode_groups(self) -> list[_DecodeGroup]:
@@ -337,10 +340,11 @@ def _split_by_context(seqs: list[int], context_lens: list[int], block_size: int)
 def write_kv(
     kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots of ``kv_cache``."""
+    """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots of ``kv_cache`` (rounded to its
+    dtype: a bfloat16 cache under float32 activations)."""
     _, _, _, kvh, hd = kv_cache.shape
-    kv_cache[0].view(-1, kvh, hd).index_copy_(0, slot_mapping, key)
-    kv_cache[1].view(-1, kvh, hd).index_copy_(0, slot_mapping, value)
+    kv_cache[0].view(-1, kvh, hd).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    kv_cache[1].view(-1, kvh, hd).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
 def _gather(
@@ -371,6 +375,10 @@ def paged_attention(
     if block_size != meta.block_size:
         raise ValueError(f"cache block size {block_size} != metadata block size {meta.block_size}")
     write_kv(kv_cache, key, value, meta.slot_mapping)
+    if kv_cache.dtype != key.dtype:
+        # Attend to the new tokens' K/V as the cache holds them, so that a prompt attends to the same values
+        # whether its prefix came from the cache or not (prefix caching and batching stay exact).
+        key, value = key.to(kv_cache.dtype).to(key.dtype), value.to(kv_cache.dtype).to(value.dtype)
 
     # Fast path: one sequence, nothing cached (a plain prefill): attend to the new K/V, no cache read.
     if meta.num_seqs == 1 and meta.prefills and meta.prefills[0].block_ids is None:
@@ -418,6 +426,7 @@ def _attend_decodes(
         n = dg.mask.shape[0]
         k = _gather(k_blocks, dg.block_ids, "k", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
         v = _gather(v_blocks, dg.block_ids, "v", ws).view(n, dg.width, kvh, head_dim).transpose(1, 2)
+        k, v = k.to(query.dtype), v.to(query.dtype)  # no-op unless a bfloat16 cache under float32
         q = query if dg.rows is None else query.index_select(0, dg.rows)
         # GQA without repeating K/V: the `group` query heads of one kv head act as `group` query positions.
         o = F.scaled_dot_product_attention(
@@ -458,8 +467,16 @@ def _attend_prefills(
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
             n = seq.block_ids.numel() * block_size
-            k = _gather(k_blocks, seq.block_ids, "k", ws).view(n, kvh, head_dim)[: seq.ctx_len]
-            v = _gather(v_blocks, seq.block_ids, "v", ws).view(n, kvh, head_dim)[: seq.ctx_len]
+            k = (
+                _gather(k_blocks, seq.block_ids, "k", ws)
+                .view(n, kvh, head_dim)[: seq.ctx_len]
+                .to(query.dtype)
+            )
+            v = (
+                _gather(v_blocks, seq.block_ids, "v", ws)
+                .view(n, kvh, head_dim)[: seq.ctx_len]
+                .to(query.dtype)
+            )
             o = F.scaled_dot_product_attention(
                 q,
                 k.transpose(0, 1).unsqueeze(0),

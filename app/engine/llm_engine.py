@@ -60,6 +60,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "half": torch.float16,
 }
 
+
 class EngineQueueFullError(QueueFullError):
     """The bounded waiting queue (``max_waiting``) is full: shed load (HTTP 429/503) and retry later."""
 
@@ -69,7 +70,12 @@ class EngineConfig:
     """Everything that shapes an engine; ``LLMEngine(**kwargs)`` takes the same names."""
 
     model: str | Path | None = None  # None: the default SmolLM2-135M-Instruct
-    dtype: str | torch.dtype = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
+    # "auto": the checkpoint's precision where this device runs it natively: bfloat16 on CUDA and, for a 16-bit
+    # or quantized checkpoint (GGUF), on a CPU with AVX512-BF16; float32 otherwise. bfloat16 on CPU means
+    # bfloat16 weights and products, float32 activations (see app.engine.models.base.compute_dtype_for).
+    dtype: str | torch.dtype = "auto"
+    # "auto": bfloat16 under bfloat16 weights, else the activations' dtype; or "float32" / "bfloat16"
+    kv_cache_dtype: str = "auto"
     device: str | torch.device = "auto"  # "auto": CUDA when available
     block_size: int = 16
     # KV-cache budget in bytes; None: 1 GiB on CPU, 50% of the free memory after loading on CUDA.
@@ -125,6 +131,10 @@ class EngineConfig:
             )
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(
+                f"kv_cache_dtype must be 'auto', 'float32' or 'bfloat16', got {self.kv_cache_dtype!r}"
+            )
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -140,12 +150,23 @@ class EngineConfig:
             raise ValueError("device 'cuda' was requested but CUDA is not available")
         return device
 
-    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+    def resolve_dtype(self, device: torch.device, checkpoint: torch.dtype | None = None) -> torch.dtype:
+        """The weights' dtype; ``checkpoint`` is the precision the checkpoint was saved in (None: unknown)."""
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
-        if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        if device.type == "cuda":
+            return torch.bfloat16
+        from app.engine.kernels.cpu_features import bf16_products_supported
+
+        sixteen_bit = checkpoint in (torch.bfloat16, torch.float16)
+        return torch.bfloat16 if sixteen_bit and bf16_products_supported() else torch.float32
+
+    def resolve_kv_cache_dtype(self, dtype: torch.dtype, compute_dtype: torch.dtype) -> torch.dtype:
+        if self.kv_cache_dtype == "auto":
+            return torch.bfloat16 if dtype == torch.bfloat16 else compute_dtype
+        return _DTYPES[self.kv_cache_dtype]
 
 
 # ---- the engine ------------------------------------------------------------------------------------------
@@ -161,10 +182,13 @@ class LLMEngine:
         config = self._make_config(model, config, kwargs)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        from app.engine.loading import load_model  # deferred: the loader pulls in settings and safetensors
+        from app.engine.loading import (
+            checkpoint_dtype,
+            load_model,
+        )  # deferred: pulls in settings, safetensors
 
         device = config.resolve_device()
-        dtype = config.resolve_dtype(device)
+        dtype = config.resolve_dtype(device, checkpoint_dtype(config.model))
         loaded, tokenizer, model_config = load_model(
             config.model, dtype=dtype, device=device, cache_dir=config.model_cache_dir
         )
@@ -218,6 +242,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
+        self.kv_cache_dtype = config.resolve_kv_cache_dtype(dtype, model.compute_dtype)
         self.model_name = (
             config.served_model_name or model_config.name or str(config.model or "SmolLM2-135M-Instruct")
         )
@@ -237,7 +262,11 @@ class LLMEngine:
         self.scheduler = Scheduler(self._scheduler_config(num_blocks, spec), self.block_manager)
         self.max_model_len = self.scheduler.max_model_len
         self.runner = ModelRunner(
-            model, num_blocks=num_blocks, block_size=config.block_size, dtype=dtype, device=device
+            model,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            dtype=self.kv_cache_dtype,
+            device=device,
         )
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
         self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids, max_model_len=self.max_model_len)
@@ -280,7 +309,7 @@ class LLMEngine:
             num_layers=model_config.num_layers,
             num_kv_heads=model_config.num_kv_heads,
             head_dim=model_config.head_dim,
-            dtype_bytes=torch.empty((), dtype=self.dtype).element_size(),
+            dtype_bytes=torch.empty((), dtype=self.kv_cache_dtype).element_size(),
             block_size=config.block_size,
         )
 
@@ -542,9 +571,7 @@ class LLMEngine:
         )
 
 
-def _sampled_token_ids(
-    seqs: list[Sequence], results: list[list[SampleResult]]
-) -> dict[int, int | list[int]]:
+def _sampled_token_ids(seqs: list[Sequence], results: list[list[SampleResult]]) -> dict[int, int | list[int]]:
     """What ``Scheduler.update`` takes: seq id -> its sampled token, or its tokens when it got several."""
     return {
         s.seq_id: rs[0].token_id if len(rs) == 1 else [r.token_id for r in rs]

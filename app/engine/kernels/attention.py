@@ -20,7 +20,7 @@ def paged_decode_attention(
     """Attention of one query token per sequence over its cached context; False when it does not apply.
 
     ``query`` is ``[T, heads, head_dim]`` (the new K/V already written to the cache), ``kv_cache`` one layer's
-    ``[2, num_blocks, block_size, kv_heads, head_dim]``, ``block_tables`` ``[seqs, width]`` int64 (every entry a
+    ``[2, num_blocks, block_size, kv_heads, head_dim]`` (float32 or bfloat16), ``block_tables`` ``[seqs, width]`` int64 (every entry a
     valid block id), ``context_lens`` ``[seqs]`` int64, ``rows`` the query row of each sequence (None: row i is
     sequence i). Writes those rows of ``out`` ``[T, heads * head_dim]``.
     """
@@ -31,7 +31,7 @@ def paged_decode_attention(
     _, _, block_size, kv_heads, _ = kv_cache.shape
     if (
         query.dtype != torch.float32
-        or kv_cache.dtype != torch.float32
+        or kv_cache.dtype not in (torch.float32, torch.bfloat16)
         or out.dtype != torch.float32
         or query.device.type != "cpu"
         or kv_cache.device.type != "cpu"
@@ -59,6 +59,7 @@ def paged_decode_attention(
         query.stride(0),
         kv_cache[0].data_ptr(),
         kv_cache[1].data_ptr(),
+        int(kv_cache.dtype == torch.bfloat16),
         block_tables.data_ptr(),
         block_tables.stride(0),
         context_lens.data_ptr(),
@@ -89,8 +90,8 @@ def _reference(
     for i, c in enumerate(ctx):
         k = kv_cache[0][tables[i]].reshape(-1, kv_heads, head_dim)[:c].repeat_interleave(heads // kv_heads, 1)
         v = kv_cache[1][tables[i]].reshape(-1, kv_heads, head_dim)[:c].repeat_interleave(heads // kv_heads, 1)
-        w = torch.softmax(torch.einsum("hd,thd->ht", query[i], k) * scale, dim=-1)
-        outs.append(torch.einsum("ht,thd->hd", w, v).reshape(-1))
+        w = torch.softmax(torch.einsum("hd,thd->ht", query[i], k.float()) * scale, dim=-1)
+        outs.append(torch.einsum("ht,thd->hd", w, v.float()).reshape(-1))
     return torch.stack(outs)
 
 
@@ -103,9 +104,12 @@ def check_paged_decode_attention() -> bool:
     tables = torch.randperm(num_blocks, generator=gen)[:12].view(4, 3).contiguous()
     query = torch.randn(len(ctx), heads, head_dim, generator=gen)
     out = torch.empty(len(ctx), heads * head_dim)
-    done = paged_decode_attention(query, cache, tables, torch.tensor(ctx), max(ctx), None, 0.25, out)
-    expected = _reference(query, cache, tables, ctx, 0.25)
-    return done and torch.allclose(out, expected, rtol=1e-4, atol=1e-5)
+    for kv in (cache, cache.to(torch.bfloat16)):
+        done = paged_decode_attention(query, kv, tables, torch.tensor(ctx), max(ctx), None, 0.25, out)
+        expected = _reference(query, kv, tables, ctx, 0.25)
+        if not (done and torch.allclose(out, expected, rtol=1e-4, atol=1e-5)):
+            return False
+    return True
 
 
 library.self_checks.append(check_paged_decode_attention)

@@ -15,14 +15,15 @@ log = logging.getLogger(__name__)
 
 LIBRARY = "engine_kernels"
 SOURCES = ("threadpool.c", "small_matmul.c", "paged_attention.c", "elementwise.c")
-_ABI = {"small_matmul_abi_version": 2, "paged_attention_abi_version": 4, "elementwise_abi_version": 2}
+_ABI = {"small_matmul_abi_version": 2, "paged_attention_abi_version": 5, "elementwise_abi_version": 2}
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 # Every kernel ends with (threads, use_pool): see use_pool() below.
 _SIGNATURES: dict[str, list[type]] = {
     "small_matmul": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _int, _int],
     "paged_decode_attention": [
-        *(_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr),  # q, q_ld, k, v, tables, bt_stride, ctx, rows
+        *(_ptr, _i64, _ptr, _ptr, _int),  # q, q_ld, k, v, kv_bf16
+        *(_ptr, _i64, _ptr, _ptr),  # tables, bt_stride, ctx, rows
         *(_i64, _i64, _i64, _i64, _i64, _f32),  # seqs, heads, kv_heads, head_dim, block_size, scale
         *(_ptr, _i64, _ptr, _i64, _i64, _int, _int),  # out, out_ld, scratch, per_thread, max_context, ...
     ],

@@ -10,8 +10,9 @@
  *   2. softmax per query head (max, exp, sum) with a vectorised exp;
  *   3. out_h = sum_p softmax[h][p] * v_p.
  *
- * Caches are [num_blocks, block_size, kv_heads, head_dim] (one of K or V of one layer); block_tables is
- * [seqs, bt_stride] int64; head_dim must be a multiple of 8 and at most 128.
+ * Caches are [num_blocks, block_size, kv_heads, head_dim] (one of K or V of one layer), float32 or bfloat16
+ * (kv_bf16: half the bytes to stream; each 8-value load widens to float32 exactly, a shift, and all arithmetic
+ * stays float32); block_tables is [seqs, bt_stride] int64; head_dim must be a multiple of 8 and at most 128.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -20,7 +21,16 @@
 
 #include "threadpool.h"
 
-int paged_attention_abi_version(void) { return 4; }
+int paged_attention_abi_version(void) { return 5; }
+
+/* Eight cache values from element index idx, as float32: bfloat16 is the upper half of a float32. */
+static inline __attribute__((always_inline)) __m256 load8(const void* base, int64_t idx, int bf16) {
+  if (bf16) {
+    __m128i half = _mm_loadu_si128((const __m128i*)((const uint16_t*)base + idx));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+  }
+  return _mm256_loadu_ps((const float*)base + idx);
+}
 
 static inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -67,10 +77,12 @@ static inline __m256 transpose_sum8(const __m256 v[8]) {
  * out point at the first). Every position's keys of a sequence's kv heads are adjacent in the cache, so a task
  * that takes all the heads streams its K/V rows contiguously. The numbers of a (query head, position) do not
  * depend on the head range. `rows` is scratch for ctx cache-row indices, `scores` for (h1 - h0) * group * ctx
- * floats. */
-static void attend(const float* q, const float* k_cache, const float* v_cache, const int64_t* table, int64_t ctx,
-                   int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale,
-                   float* out, float* scores, int64_t* rows) {
+ * floats. Always inlined into attend_f32 / attend_bf16, so each is compiled for its cache type. */
+static inline __attribute__((always_inline)) void attend(const float* q, const void* k_cache, const void* v_cache,
+                                                         const int64_t* table, int64_t ctx, int64_t h0, int64_t h1,
+                                                         int64_t group, int64_t kvh, int64_t hd, int64_t bs,
+                                                         float scale, float* out, float* scores, int64_t* rows,
+                                                         int bf16) {
   const int64_t token_stride = kvh * hd; /* floats between consecutive cache rows */
   const int64_t nvec = hd / 8;
   const int64_t qheads = (h1 - h0) * group;
@@ -79,7 +91,7 @@ static void attend(const float* q, const float* k_cache, const float* v_cache, c
   /* 1. scores[qh][p], eight positions at a time so one transposing reduction finishes eight dot products */
   for (int64_t qh = 0; qh < qheads; qh++) {
     const float* qv = q + qh * hd;
-    const float* kh = k_cache + (h0 + qh / group) * hd;
+    const int64_t kh = (h0 + qh / group) * hd; /* element offset of this kv head in a cache row */
     float* s = scores + qh * ctx;
     int64_t p = 0;
     for (; p + 8 <= ctx; p += 8) {
@@ -88,14 +100,14 @@ static void attend(const float* q, const float* k_cache, const float* v_cache, c
       for (int64_t j = 0; j < nvec; j++) {
         __m256 qj = _mm256_loadu_ps(qv + 8 * j);
         for (int i = 0; i < 8; i++)
-          acc[i] = _mm256_fmadd_ps(qj, _mm256_loadu_ps(kh + rows[p + i] + 8 * j), acc[i]);
+          acc[i] = _mm256_fmadd_ps(qj, load8(k_cache, kh + rows[p + i] + 8 * j, bf16), acc[i]);
       }
       _mm256_storeu_ps(s + p, _mm256_mul_ps(transpose_sum8(acc), _mm256_set1_ps(scale)));
     }
     for (; p < ctx; p++) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t j = 0; j < nvec; j++)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * j), _mm256_loadu_ps(kh + rows[p] + 8 * j), acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * j), load8(k_cache, kh + rows[p] + 8 * j, bf16), acc);
       s[p] = hsum256(acc) * scale;
     }
   }
@@ -129,7 +141,7 @@ static void attend(const float* q, const float* k_cache, const float* v_cache, c
 
   /* 3. out[qh] = sum_p w[qh][p] v_p, accumulated in registers (up to 16 vectors: head_dim <= 128) */
   for (int64_t qh = 0; qh < qheads; qh++) {
-    const float* vh = v_cache + (h0 + qh / group) * hd;
+    const int64_t vh = (h0 + qh / group) * hd;
     const float* w = scores + qh * ctx;
     float* o = out + qh * hd;
     for (int64_t j0 = 0; j0 < nvec; j0 += 8) {
@@ -138,18 +150,31 @@ static void attend(const float* q, const float* k_cache, const float* v_cache, c
       for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
       for (int64_t p = 0; p < ctx; p++) {
         __m256 wp = _mm256_set1_ps(w[p]);
-        const float* vp = vh + rows[p] + 8 * j0;
-        for (int64_t j = 0; j < nj; j++) acc[j] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8 * j), acc[j]);
+        const int64_t vp = vh + rows[p] + 8 * j0;
+        for (int64_t j = 0; j < nj; j++) acc[j] = _mm256_fmadd_ps(wp, load8(v_cache, vp + 8 * j, bf16), acc[j]);
       }
       for (int64_t j = 0; j < nj; j++) _mm256_storeu_ps(o + 8 * (j0 + j), acc[j]);
     }
   }
 }
 
+static void attend_f32(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx, int64_t h0,
+                       int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale, float* out,
+                       float* scores, int64_t* rows) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 0);
+}
+
+static void attend_bf16(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx, int64_t h0,
+                        int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale, float* out,
+                        float* scores, int64_t* rows) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 1);
+}
+
 typedef struct {
   const float* q;
   int64_t q_ld;
-  const float *k_cache, *v_cache;
+  const void *k_cache, *v_cache;
+  int kv_bf16;
   const int64_t *block_tables, *context_lens, *rows;
   int64_t bt_stride, heads, kvh, hd, bs, group, split, per_seq;
   float scale;
@@ -166,25 +191,26 @@ static void attention_task(void* arg, int64_t task) {
   int64_t first = h0 * j->group * j->hd;
   float* scores = j->scratch + (int64_t)thread_slot() * j->scratch_per_thread;
   int64_t* cache_rows = (int64_t*)(scores + ((j->heads * j->max_context + 1) & ~(int64_t)1)); /* aligned */
-  attend(j->q + row * j->q_ld + first, j->k_cache, j->v_cache, j->block_tables + i * j->bt_stride,
-         j->context_lens[i], h0, h0 + j->split, j->group, j->kvh, j->hd, j->bs, j->scale,
-         j->out + row * j->out_ld + first, scores, cache_rows);
+  (j->kv_bf16 ? attend_bf16 : attend_f32)(j->q + row * j->q_ld + first, j->k_cache, j->v_cache,
+                                          j->block_tables + i * j->bt_stride, j->context_lens[i], h0,
+                                          h0 + j->split, j->group, j->kvh, j->hd, j->bs, j->scale,
+                                          j->out + row * j->out_ld + first, scores, cache_rows);
 }
 
 /* q: row rows[i] (or i when rows is NULL) of a [tokens, heads * head_dim] matrix with row stride q_ld;
  * out: the same rows of a [tokens, heads * head_dim] matrix with row stride out_ld. Each thread's scratch
  * (scratch_per_thread floats, an even number) holds the scores, then max_context int64 cache-row indices.
  * With enough sequences to keep every thread busy a task is a whole sequence; with fewer, one kv head of one. */
-void paged_decode_attention(const float* q, int64_t q_ld, const float* k_cache, const float* v_cache,
+void paged_decode_attention(const float* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
                             const int64_t* block_tables, int64_t bt_stride, const int64_t* context_lens,
                             const int64_t* rows, int64_t num_seqs, int64_t heads, int64_t kvh, int64_t hd,
                             int64_t bs, float scale, float* out, int64_t out_ld, float* scratch,
                             int64_t scratch_per_thread, int64_t max_context, int num_threads, int use_pool) {
   int nthreads = num_threads < 1 ? 1 : num_threads;
   int64_t split = num_seqs >= 2 * (int64_t)nthreads ? kvh : 1; /* kv heads per task */
-  attention_job job = {q,        q_ld,  k_cache, v_cache, block_tables,       context_lens,
-                       rows,     bt_stride, heads,   kvh,     hd,                 bs,
-                       heads / kvh, split, kvh / split, scale, out,           out_ld,
-                       scratch,  scratch_per_thread, max_context};
+  attention_job job = {q,        q_ld,        k_cache, v_cache,     kv_bf16, block_tables, context_lens,
+                       rows,     bt_stride,   heads,   kvh,         hd,      bs,           heads / kvh,
+                       split,    kvh / split, scale,   out,         out_ld,  scratch,      scratch_per_thread,
+                       max_context};
   parallel_for(num_seqs * (kvh / split), attention_task, &job, nthreads, use_pool);
 }

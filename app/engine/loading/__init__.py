@@ -17,7 +17,7 @@ import torch
 from app.engine.config import ModelConfig
 from app.engine.loading import cache
 from app.engine.loading.gguf import GGUFFile, is_gguf_file
-from app.engine.loading.hf import read_hf_config, read_hf_tokenizer, read_hf_weights
+from app.engine.loading.hf import read_hf_config, read_hf_tokenizer, read_hf_weights, read_json
 from app.engine.models import build_model
 from app.engine.models.base import PagedCausalLM
 from app.engine.tokenizer import Tokenizer
@@ -81,6 +81,23 @@ def read_checkpoint(
     return config, state, tokenizer
 
 
+def checkpoint_dtype(path: str | Path | None = None) -> torch.dtype | None:
+    """The precision a checkpoint was saved in: an HF folder's ``torch_dtype``; bfloat16 for a GGUF file (its
+    weights are 16-bit or quantized, never meant for float32 arithmetic); None when unknown."""
+    try:
+        source = default_model_path() if path is None else Path(path).expanduser()
+    except FileNotFoundError:
+        return None
+    if source.is_file():
+        return torch.bfloat16 if is_gguf_file(source) else None
+    try:
+        raw = read_json(source / "config.json")
+    except (OSError, ValueError):
+        return None
+    name = raw.get("torch_dtype") or raw.get("dtype")
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(str(name))
+
+
 def load_model(
     path: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
@@ -106,4 +123,4 @@ def load_model(
     return model, tokenizer, config
 
 
-__all__ = ["DEFAULT_MODEL_NAME", "default_model_path", "load_model", "read_checkpoint"]
+__all__ = ["DEFAULT_MODEL_NAME", "checkpoint_dtype", "default_model_path", "load_model", "read_checkpoint"]

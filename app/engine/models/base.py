@@ -23,6 +23,7 @@ class PagedCausalLM(nn.Module):
         # Where the weights will live once loaded (parameters are meta placeholders until then).
         self.param_dtype = dtype
         self.param_device = torch.device(device)
+        self.compute_dtype = compute_dtype_for(dtype, self.param_device)
         self.kv_caches: list[torch.Tensor] = []
         self.attn_workspace = AttentionWorkspace()
 
@@ -71,9 +72,10 @@ class PagedCausalLM(nn.Module):
         ``out`` lets a runner reuse one logits buffer across steps (a fresh [B, vocab] tensor every step costs
         page faults on CPU); the caller must be done with the previous step's logits.
         """
-        if out is None:
-            return linear(hidden, self.lm_head_weight())
-        return torch.mm(hidden, self.lm_head_weight().t(), out=out)
+        head = self.lm_head_weight()
+        if out is None or head.dtype != hidden.dtype:
+            return linear(hidden, head)
+        return torch.mm(hidden, head.t(), out=out)
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load weights named and laid out as the Hugging Face checkpoint of this architecture."""
@@ -97,8 +99,10 @@ class PagedCausalLM(nn.Module):
     def _assign(self, ours: dict[str, torch.Tensor]) -> None:
         """Materialise every parameter from a complete state dict of our own names.
 
-        All weights go into ONE allocation (each view 64-byte aligned): first-touching one big block is far
-        cheaper than hundreds of separate allocations, and the copy casts to the target dtype and device.
+        All weights of one dtype go into ONE allocation (each view 64-byte aligned): first-touching one big
+        block is far cheaper than hundreds of separate allocations, and the copy casts to the target dtype and
+        device. The matrix-product weights take ``param_dtype``, the rest (norms, biases, position embeddings)
+        ``compute_dtype``: they differ only for bfloat16 on CPU (see :func:`compute_dtype_for`).
         """
         params = dict(self.named_parameters())
         missing = sorted(set(params) - set(ours))
@@ -107,27 +111,52 @@ class PagedCausalLM(nn.Module):
             raise ValueError(
                 f"weights do not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}"
             )
-        align = max(1, 64 // torch.empty((), dtype=self.param_dtype).element_size())
-        sizes = {name: -(-p.numel() // align) * align for name, p in params.items()}
-        arena = torch.empty(sum(sizes.values()), dtype=self.param_dtype, device=self.param_device)
-        column_major = self._column_major_names() if self.param_device.type == "cpu" else set()
-        offset = 0
+        products = self._column_major_names()
+        column_major = products if self.param_device.type == "cpu" else set()
+        groups: dict[torch.dtype, list[str]] = {}
+        for name in params:
+            groups.setdefault(self.param_dtype if name in products else self.compute_dtype, []).append(name)
         with torch.no_grad():
-            for name, p in params.items():
-                src = ours[name]
-                if tuple(src.shape) != tuple(p.shape):
-                    raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model {tuple(p.shape)}")
-                flat = arena[offset : offset + p.numel()]
-                if name in column_major:
-                    # Same [out, in] shape and values, stored transposed: see _column_major_names.
-                    view = flat.view(p.shape[1], p.shape[0]).t()
-                else:
-                    view = flat.view(p.shape)
-                view.copy_(src)
-                offset += sizes[name]
-                owner, _, leaf = name.rpartition(".")
-                module = self.get_submodule(owner) if owner else self
-                module._parameters[leaf] = nn.Parameter(view, requires_grad=False)
+            for dtype, names in groups.items():
+                self._assign_group(ours, {n: params[n] for n in names}, dtype, column_major)
+
+    def _assign_group(
+        self,
+        ours: dict[str, torch.Tensor],
+        params: dict[str, nn.Parameter],
+        dtype: torch.dtype,
+        column_major: set[str],
+    ) -> None:
+        align = max(1, 64 // torch.empty((), dtype=dtype).element_size())
+        sizes = {name: -(-p.numel() // align) * align for name, p in params.items()}
+        arena = torch.empty(sum(sizes.values()), dtype=dtype, device=self.param_device)
+        offset = 0
+        for name, p in params.items():
+            src = ours[name]
+            if tuple(src.shape) != tuple(p.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model {tuple(p.shape)}")
+            flat = arena[offset : offset + p.numel()]
+            if name in column_major:
+                # Same [out, in] shape and values, stored transposed: see _column_major_names.
+                view = flat.view(p.shape[1], p.shape[0]).t()
+            else:
+                view = flat.view(p.shape)
+            view.copy_(src)
+            offset += sizes[name]
+            owner, _, leaf = name.rpartition(".")
+            module = self.get_submodule(owner) if owner else self
+            module._parameters[leaf] = nn.Parameter(view, requires_grad=False)
+
+
+def compute_dtype_for(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype of activations, norms, attention and the KV cache for weights in ``dtype``.
+
+    bfloat16 on CPU computes its matrix products in bfloat16 (oneDNN on AVX512-BF16: half the weight bytes
+    and twice the FLOPs of float32) and everything else in float32, converting at each product: the norms,
+    rotary embedding, attention and SwiGLU kernels are our float32 C kernels, and keeping the residual stream
+    in float32 is more accurate than Transformers' all-bfloat16 forward. Elsewhere, one dtype throughout.
+    """
+    return torch.float32 if dtype == torch.bfloat16 and device.type == "cpu" else dtype
 
 
 def take(state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -93,7 +93,7 @@ class GPT2LMHeadModel(PagedCausalLM):
             raise ValueError(
                 f"position {int(positions.max())} beyond GPT-2's {self.config.max_position_embeddings} learned positions"
             )
-        x = self.wte(input_ids) + self.wpe(positions)
+        x = self.wte(input_ids).to(self.compute_dtype) + self.wpe(positions)
         for block, cache in zip(self.h, self.kv_caches, strict=True):
             x = block(x, cache, attn)
         return self.ln_f(x)

@@ -8,7 +8,7 @@ from torch import nn
 
 import app.engine.kernels as kernels
 from app.engine.kernels import small_matmul
-from app.engine.kernels.matmul import onednn_linear
+from app.engine.kernels.matmul import bf16_linear, onednn_linear
 
 
 def placeholder(*shape: int) -> nn.Parameter:
@@ -33,7 +33,13 @@ class Linear(nn.Module):
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``: on CPU, by the multi-threaded C kernel for the few-row products of decoding and by oneDNN
-    for the larger ones."""
+    for the larger ones; a bfloat16 weight with float32 activations by oneDNN's bfloat16 product."""
+    if weight.dtype != x.dtype:
+        mixed = bf16_linear(x, weight, bias)
+        if mixed is not None:
+            return mixed
+        out = F.linear(x.to(weight.dtype), weight)
+        return out.to(x.dtype) if bias is None else out.to(x.dtype).add_(bias)
     out = onednn_linear(x, weight, bias)  # None for 1-2 rows, where the C kernel is faster
     if out is None:
         out = small_matmul(x, weight, bias)

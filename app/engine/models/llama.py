@@ -124,7 +124,7 @@ class LlamaForCausalLM(PagedCausalLM):
     ) -> torch.Tensor:
         """Final-norm hidden states ``[T, hidden]`` for a flat batch; writes the new K/V into the bound cache."""
         self._check_inputs(input_ids, positions, attn)
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids).to(self.compute_dtype)  # bfloat16 on CPU: see compute_dtype_for
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # shared by all layers
         residual: torch.Tensor | None = None
         for layer, cache in zip(self.layers, self.kv_caches, strict=True):
