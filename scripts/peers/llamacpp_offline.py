@@ -31,7 +31,14 @@ How it runs (the best this machine gives llama.cpp, tuned with ``--parallel``/``
   each need their own threads, and the 2 cores are better spent on one batched ``llama_decode`` (the weights
   are read once per step for every sequence in it).
 * Threads: ``--threads`` for generation and for prompt processing (``n_threads``, ``n_threads_batch``);
-  llama.cpp's OpenMP pool. Flash attention: llama.cpp's ``auto`` unless ``--flash-attn on|off``.
+  llama.cpp's OpenMP pool. Flash attention: llama.cpp's ``auto`` unless ``--flash-attn on|off``. OpenMP's
+  threads spin while they wait, the fastest on an idle machine; on a busy one (other processes on the same
+  2 cores) spinning threads lose their time slices and llama.cpp slows down several-fold, more than the
+  other engines: ``OMP_WAIT_POLICY=PASSIVE`` in the environment (inherited from ``bench_engine.py``) trades
+  a little idle-machine speed for much less of that.
+* Numerics: a batched step computes some products with other kernels than a one-sequence step, so greedy
+  tokens of a sequence decoded beside others can differ from its single-stream tokens once two logits
+  nearly tie (as vLLM's and ours can between batch sizes).
 
 ``seconds`` is the wall time of the whole workload (prompt processing included); ``tokens_per_s`` = output
 tokens / ``seconds``. (d): one call per 512-token prompt with one new token; ``ttft_s`` = the median call.
