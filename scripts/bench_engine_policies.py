@@ -183,6 +183,7 @@ def run_batching(weights: Weights, args: argparse.Namespace) -> list[dict[str, A
                 "strategy": strategy,
                 "tok/s": f"{generated / seconds:.1f}",
                 "preemptions": engine.get_stats().num_preemptions,
+                "steps": engine.get_stats().num_steps,
                 "mean TTFT s": f"{statistics.fmean(ttfts):.2f}",
                 "p90 TTFT s": f"{ttfts[int(0.9 * (len(ttfts) - 1))]:.2f}",
                 "wall s": f"{seconds:.1f}",
