@@ -38,8 +38,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         mixed = bf16_linear(x, weight, bias)
         if mixed is not None:
             return mixed
-        out = F.linear(x.to(weight.dtype), weight)
-        return out.to(x.dtype) if bias is None else out.to(x.dtype).add_(bias)
+        product = F.linear(x.to(weight.dtype), weight).to(x.dtype)
+        return product if bias is None else product.add_(bias)
     out = onednn_linear(x, weight, bias)  # None for 1-2 rows, where the C kernel is faster
     if out is None:
         out = small_matmul(x, weight, bias)
