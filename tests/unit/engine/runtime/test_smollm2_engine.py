@@ -31,7 +31,9 @@ def test_default_engine_greedy_matches_transformers() -> None:
         pytest.skip(str(exc))
     from transformers import LlamaForCausalLM
 
-    engine = LLMEngine()  # the default model, through the default converted cache
+    # the default model through the default converted cache; float32 (auto picks bfloat16 on AVX512-BF16),
+    # the precision in which we are token-exact with Transformers
+    engine = LLMEngine(dtype="float32")
     entry = cache.lookup(source, cache.default_cache_root())
     assert entry is not None, "LLMEngine() should have written or used the converted cache"
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
