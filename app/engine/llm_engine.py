@@ -40,6 +40,7 @@ from app.engine.input_processor import InputProcessor, PromptInput, TokenizedPro
 from app.engine.metrics import EngineStats, StatsCollector
 from app.engine.model_runner import ModelRunner
 from app.engine.models.base import PagedCausalLM
+from app.engine.models.quantization import check_quantization, quantize_model
 from app.engine.output_processor import OutputProcessor
 from app.engine.outputs import RequestOutput
 from app.engine.sampler import LogprobsMode, Sampler, SampleResult, SamplingRow
@@ -76,6 +77,8 @@ class EngineConfig:
     dtype: str | torch.dtype = "auto"
     # "auto": bfloat16 under bfloat16 weights, else the activations' dtype; or "float32" / "bfloat16"
     kv_cache_dtype: str = "auto"
+    # Weight-only quantization of the matrix products: None or "int8" (app.engine.models.quantization)
+    quantization: str | None = None
     device: str | torch.device = "auto"  # "auto": CUDA when available
     block_size: int = 16
     # KV-cache budget in bytes; None: 1 GiB on CPU, 50% of the free memory after loading on CUDA.
@@ -131,6 +134,7 @@ class EngineConfig:
             )
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        check_quantization(self.quantization)
         if self.kv_cache_dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(
                 f"kv_cache_dtype must be 'auto', 'float32' or 'bfloat16', got {self.kv_cache_dtype!r}"
@@ -192,6 +196,8 @@ class LLMEngine:
         loaded, tokenizer, model_config = load_model(
             config.model, dtype=dtype, device=device, cache_dir=config.model_cache_dir
         )
+        if config.quantization:
+            quantize_model(loaded, config.quantization)
         self._setup(config, loaded, tokenizer, model_config, device, dtype)
 
     @classmethod
@@ -210,7 +216,9 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         engine = cls.__new__(cls)
-        weight = next(iter(model.parameters()))
+        if config.quantization:  # in place: engines sharing this model share its quantized weights
+            quantize_model(model, config.quantization)
+        weight = model.lm_head_weight()
         engine._setup(config, model, tokenizer, model_config, weight.device, weight.dtype)
         return engine
 

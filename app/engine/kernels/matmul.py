@@ -166,6 +166,19 @@ def bf16_linear(
     return out if bias is None else out.add_(bias)
 
 
+def int8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ (qweight * scales[:, None]).T + bias`` in ``x``'s dtype for an int8 ``qweight`` ``[out, in]`` with
+    per-row bfloat16 ``scales`` (see app.engine.models.quantization); ``x`` is rounded to bfloat16 first."""
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+    out = torch._weight_int8pack_mm(flat, qweight, scales).to(x.dtype)
+    if bias is not None:
+        out = out.add_(bias.to(x.dtype))
+    return out.view(*shape[:-1], qweight.shape[0])
+
+
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:
     cached = getattr(weight, "_inf_onednn_packed", None)
     if cached is not None and cached[0] == weight._version:

@@ -8,7 +8,7 @@ from torch import nn
 
 import app.engine.kernels as kernels
 from app.engine.kernels import small_matmul
-from app.engine.kernels.matmul import bf16_linear, onednn_linear
+from app.engine.kernels.matmul import bf16_linear, int8_linear, onednn_linear
 
 
 def placeholder(*shape: int) -> nn.Parameter:
@@ -26,8 +26,11 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = placeholder(out_features, in_features)
         self.bias = placeholder(out_features) if bias else None
+        self.scales: torch.Tensor | None = None  # per-output-channel scales of an int8 weight (quantization)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scales is not None:
+            return int8_linear(x, self.weight, self.scales, self.bias)
         return linear(x, self.weight, self.bias)
 
 
