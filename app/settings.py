@@ -140,6 +140,17 @@ class Settings(BaseSettings):
     batching_bucket_size: int = Field(
         default=128, ge=1, description="Native engine, bucketed batching: prompt-length bucket width in tokens"
     )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Native engine weights: 'auto' = bfloat16 for a 16-bit or GGUF checkpoint on CUDA or a CPU "
+        "with AVX512-BF16 (products in bfloat16, activations in float32 on CPU), float32 otherwise",
+    )
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="Native engine KV cache: 'auto' = bfloat16 under bfloat16 weights"
+    )
+    quantization: Literal["int8"] | None = Field(
+        default=None, description="Native engine: 'int8' = weight-only int8 products (per-channel scales)"
+    )
     speculative_config: dict[str, Any] | None = Field(
         default=None,
         description=(

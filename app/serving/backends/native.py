@@ -94,6 +94,9 @@ class NativeBackend(LocalBackend):
                 "prefix_cache_ttl_s": settings.prefix_cache_ttl_s,
                 "batching_strategy": settings.batching_strategy,
                 "batching_bucket_size": settings.batching_bucket_size,
+                "dtype": settings.dtype,
+                "kv_cache_dtype": settings.kv_cache_dtype,
+                "quantization": settings.quantization,
             },
         )
 

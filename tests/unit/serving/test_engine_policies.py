@@ -28,12 +28,18 @@ def test_settings_choose_the_policies(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("INF_ENGINE_PREFIX_CACHE_TTL_S", "300")
     monkeypatch.setenv("INF_ENGINE_BATCHING_STRATEGY", "memory_aware")
     monkeypatch.setenv("INF_ENGINE_BATCHING_BUCKET_SIZE", "64")
+    monkeypatch.setenv("INF_ENGINE_DTYPE", "bfloat16")
+    monkeypatch.setenv("INF_ENGINE_KV_CACHE_DTYPE", "float32")
+    monkeypatch.setenv("INF_ENGINE_QUANTIZATION", "int8")
     backend = NativeBackend.from_settings(Settings())
     assert backend.engine_kwargs == {
         "kv_cache_eviction_policy": "lfu",
         "prefix_cache_ttl_s": 300.0,
         "batching_strategy": "memory_aware",
         "batching_bucket_size": 64,
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "float32",
+        "quantization": "int8",
     }
 
 
@@ -43,6 +49,8 @@ def test_settings_choose_the_policies(tmp_path: Path, monkeypatch: pytest.Monkey
         ("INF_ENGINE_KV_CACHE_EVICTION_POLICY", "random"),
         ("INF_ENGINE_PREFIX_CACHE_TTL_S", "0"),
         ("INF_ENGINE_BATCHING_STRATEGY", "static"),
+        ("INF_ENGINE_DTYPE", "float64"),
+        ("INF_ENGINE_QUANTIZATION", "awq"),
     ],
 )
 def test_bad_settings_name_the_variable(
