@@ -511,7 +511,8 @@ def print_report(
     )
     for row in rows:
         if "error" in row:
-            print(f"  {row['engine']} ({row['workload']}, repeat {row.get('repeat')}): error: {row['error']}")
+            repeat = f", repeat {row['repeat']}" if "repeat" in row else ""
+            print(f"  {row['engine']} ({row['workload']}{repeat}): error: {row['error']}")
             continue
         value = row["ttft_s"] if row["workload"] == "d" else row["tokens_per_s"]
         print(
@@ -544,7 +545,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         if "e" in names:  # every worker (started below) inherits the path of the tokenized English text
             os.environ[TEXT_IDS_ENV] = str(english_ids_file(Path(tmp)))
-        procs = start_engines(args, names, rows)
+        failed: list[dict[str, Any]] = []  # error rows of the workers that did not start
+        procs = start_engines(args, names, failed)
         try:
             rows += run_all(args, names, procs)
         finally:
@@ -552,6 +554,7 @@ def main() -> int:
                 proc.resume()
             for proc in procs:
                 proc.close()
+            rows += failed  # after the results: the columns keep the order of the command line where they can
     print_report(args, names, rows, [*load_before, *os.getloadavg()])
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")

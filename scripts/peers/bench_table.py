@@ -177,7 +177,8 @@ def format_table(rows: list[dict[str, Any]], names: list[str], descriptions: dic
     for row in rows:
         if row["engine"] not in engines:
             engines.append(row["engine"])
-    engines.sort(key=lambda e: not is_ours(e))  # ours first, each group in order of appearance
+    # ours first, then the peers, each group in order of appearance; a column with errors only goes last
+    engines.sort(key=lambda e: (not is_ours(e), all("error" in r for r in rows if r["engine"] == e)))
     ours = [e for e in engines if is_ours(e)]
     by = {(r["engine"], r["workload"]): r for r in rows}
     head = ["workload", *engines, "best peer", *(f"{e.removeprefix(OURS).strip()} / best peer" for e in ours)]

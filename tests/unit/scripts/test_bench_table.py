@@ -117,3 +117,13 @@ def test_format_table_ratios_goals_and_errors() -> None:
     assert c[2] == "error" and c[5:8] == ["llama.cpp Q4_1", "0.50x", "-"] and "NOT met" in c[8]
     assert lines[4].startswith("| peak RSS")
     assert lines[-1] == "error: inf-engine bfloat16: RuntimeError: boom"
+
+
+def test_format_table_puts_a_failed_configuration_last_among_ours() -> None:
+    rows = [
+        {"engine": "inf-engine q8_0", "workload": "a", "error": "TypeError: unknown engine option"},
+        row("vllm-cpu float32", "a", 300.0),
+        row("inf-engine float32", "a", 250.0),
+    ]
+    head = [c.strip() for c in format_table(rows, ["a"], {}).splitlines()[0].strip("|").split("|")]
+    assert head[1:4] == ["inf-engine float32", "inf-engine q8_0", "vllm-cpu float32"]
