@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+import app.engine.kernels.library as library
 from app.engine.attention import AttentionMetadata, allocate_kv_cache
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
@@ -63,6 +64,10 @@ class ModelRunner:
         )
         model.bind_kv_cache(self.kv_caches)
         self.timings = RunnerTimings()
+        # bfloat16 or int8 products run on OpenMP at every size: keep the C kernels on the same threads
+        self.openmp_only = model.lm_head_weight().dtype != torch.float32 or any(
+            getattr(m, "scales", None) is not None for m in model.modules()
+        )
 
     # ---- inputs ----
     def prepare(self, out: SchedulerOutput) -> StepBatch:
@@ -139,6 +144,7 @@ class ModelRunner:
         model = self.model
         if not model.kv_caches or model.kv_caches[0] is not self.kv_caches[0]:
             model.bind_kv_cache(self.kv_caches)  # another runner (engine) shares this model
+        library.openmp_only(self.openmp_only)
         with torch.inference_mode():
             hidden = model(batch.input_ids, batch.positions, batch.attn)
             if batch.sample_index is not None:

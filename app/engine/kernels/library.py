@@ -50,8 +50,19 @@ POOL_MAX_TOKENS = 2
 
 def use_pool(tokens: int) -> int:
     """The last argument of every kernel: 1 for the kernels' thread pool, 0 for OpenMP (threadpool.h)."""
+    if getattr(_openmp, "only", False):
+        return 0
     return int(tokens <= POOL_MAX_TOKENS)
 
+
+def openmp_only(on: bool) -> None:
+    """For the calling thread's next steps: every kernel runs on OpenMP's threads, whatever the step size.
+    A model whose few-row products run on oneDNN or torch's int8 kernel (bfloat16 or quantized weights)
+    already uses OpenMP there, and a second spinning pool between those products costs more than it saves."""
+    _openmp.only = on
+
+
+_openmp = threading.local()
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
