@@ -36,6 +36,11 @@ How it runs (the best this machine gives llama.cpp, tuned with ``--parallel``/``
   2 cores) spinning threads lose their time slices and llama.cpp slows down several-fold, more than the
   other engines: ``OMP_WAIT_POLICY=PASSIVE`` in the environment (inherited from ``bench_engine.py``) trades
   a little idle-machine speed for much less of that.
+* Tuning measured here (2 threads, Q4_1, a busy machine, so rough): TTFT of 512 tokens is the same with
+  ``n_ubatch`` 128, 256 or 512 (about 1.7-1.8 s; llama.cpp has no repacked kernels for Q4_1, so prompt
+  processing runs its generic Q4_1 x Q8_1 dot products), flash attention ``off`` is slower than ``auto``/``on``;
+  hence the defaults 512/512/auto. ``--parallel 8`` for the batch workloads (64-128 requests) is
+  llama-server's kind of small batch; single stream (c) decodes at about 110 tok/s either way.
 * Numerics: a batched step computes some products with other kernels than a one-sequence step, so greedy
   tokens of a sequence decoded beside others can differ from its single-stream tokens once two logits
   nearly tie (as vLLM's and ours can between batch sizes).
