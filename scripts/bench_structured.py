@@ -389,7 +389,7 @@ def format_table(results: list[dict[str, Any]], batch_sizes: list[int]) -> str:
         ("free_lenient", "free (lenient: fence / braces)"),
     ):
         row(
-            f"{name}: parsed / conforming of 20 (truncated at max_tokens)",
+            f"{name}: parsed / conforming of 20 (finish_reason length: cut, or closed by ours within max_tokens)",
             [f"{c[key]['parsed']} / {c[key]['conforming']} ({c[key]['truncated']})" for c in confs],
         )
     return "\n".join(lines)

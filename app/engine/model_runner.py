@@ -144,8 +144,7 @@ class ModelRunner:
         model = self.model
         if not model.kv_caches or model.kv_caches[0] is not self.kv_caches[0]:
             model.bind_kv_cache(self.kv_caches)  # another runner (engine) shares this model
-        library.openmp_only(self.openmp_only)
-        with torch.inference_mode():
+        with torch.inference_mode(), library.openmp_only(self.openmp_only):
             hidden = model(batch.input_ids, batch.positions, batch.attn)
             if batch.sample_index is not None:
                 hidden = hidden.index_select(0, batch.sample_index)

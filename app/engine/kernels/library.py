@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -55,11 +56,19 @@ def use_pool(tokens: int) -> int:
     return int(tokens <= POOL_MAX_TOKENS)
 
 
-def openmp_only(on: bool) -> None:
-    """For the calling thread's next steps: every kernel runs on OpenMP's threads, whatever the step size.
+@contextlib.contextmanager
+def openmp_only(on: bool) -> Iterator[None]:
+    """Within the block, in the calling thread: every kernel runs on OpenMP's threads, whatever the step size.
     A model whose few-row products run on oneDNN or torch's int8 kernel (bfloat16 or quantized weights)
-    already uses OpenMP there, and a second spinning pool between those products costs more than it saves."""
+    already uses OpenMP there, and a second spinning pool between those products costs more than it saves.
+    Scoped, not sticky: after it the thread is back to the pool for small steps, which (unlike libgomp)
+    also works in a process forked after OpenMP ran."""
+    before = getattr(_openmp, "only", False)
     _openmp.only = on
+    try:
+        yield
+    finally:
+        _openmp.only = before
 
 
 _openmp = threading.local()

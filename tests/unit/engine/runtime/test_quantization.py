@@ -91,3 +91,17 @@ def test_unknown_quantization_is_a_value_error() -> None:
 
     with pytest.raises(ValueError, match=r"quantization must be None or one of \['int8'\], got 'awq'"):
         EngineConfig(quantization="awq")
+
+
+def test_openmp_only_is_scoped_to_the_step(make_int8: Callable[..., LLMEngine]) -> None:
+    """The int8 model runs its kernels on OpenMP during a step; afterwards small kernels use the pool again
+    (libgomp does not survive a fork, the pool does)."""
+    from app.engine.kernels import library
+
+    engine = make_int8()
+    assert engine.runner.openmp_only
+    engine.generate(random_prompts(1, 4, 4, seed=9), GREEDY)
+    assert library.use_pool(1) == 1
+    with library.openmp_only(True):
+        assert library.use_pool(1) == 0
+    assert library.use_pool(1) == 1
