@@ -176,6 +176,19 @@ class EngineConfig:
 # ---- the engine ------------------------------------------------------------------------------------------
 
 
+def _engine_config(
+    model: str | Path | None, config: EngineConfig | None, kwargs: dict[str, Any]
+) -> EngineConfig:
+    unknown = set(kwargs) - EngineConfig.field_names()
+    if unknown:
+        raise TypeError(f"unknown engine option(s) {sorted(unknown)}; see EngineConfig")
+    if config is None:
+        return EngineConfig(model=model, **kwargs)
+    if model is not None:
+        kwargs["model"] = model
+    return replace(config, **kwargs) if kwargs else config
+
+
 class LLMEngine:
     """The offline/online engine core. ``LLMEngine()`` loads the default model; ``LLMEngine(model=PATH,
     **config)`` another (an HF folder or a GGUF file); keyword arguments are :class:`EngineConfig` fields."""
@@ -183,7 +196,7 @@ class LLMEngine:
     def __init__(
         self, model: str | Path | None = None, *, config: EngineConfig | None = None, **kwargs: Any
     ) -> None:
-        config = self._make_config(model, config, kwargs)
+        config = _engine_config(model, config, kwargs)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         from app.engine.loading import (
@@ -212,7 +225,7 @@ class LLMEngine:
     ) -> LLMEngine:
         """An engine around an already loaded model (tests, or several engines over one set of weights;
         each engine has its own KV cache and re-binds it before its forward passes)."""
-        config = cls._make_config(None, config, kwargs)
+        config = _engine_config(None, config, kwargs)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         engine = cls.__new__(cls)
@@ -221,19 +234,6 @@ class LLMEngine:
         weight = model.lm_head_weight()
         engine._setup(config, model, tokenizer, model_config, weight.device, weight.dtype)
         return engine
-
-    @staticmethod
-    def _make_config(
-        model: str | Path | None, config: EngineConfig | None, kwargs: dict[str, Any]
-    ) -> EngineConfig:
-        unknown = set(kwargs) - EngineConfig.field_names()
-        if unknown:
-            raise TypeError(f"unknown engine option(s) {sorted(unknown)}; see EngineConfig")
-        if config is None:
-            return EngineConfig(model=model, **kwargs)
-        if model is not None:
-            kwargs["model"] = model
-        return replace(config, **kwargs) if kwargs else config
 
     # ---- construction: KV sizing, scheduler, runner, sampler, processors ----
     def _setup(
