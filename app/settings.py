@@ -146,7 +146,7 @@ class Settings(BaseSettings):
         "with AVX512-BF16 (products in bfloat16, activations in float32 on CPU), float32 otherwise",
     )
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto", description="Native engine KV cache: 'auto' = bfloat16 under bfloat16 weights"
+        default="auto", description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU)"
     )
     quantization: Literal["int8"] | None = Field(
         default=None, description="Native engine: 'int8' = weight-only int8 products (per-channel scales)"

@@ -38,6 +38,7 @@ def make_bf16(bf16_loaded: tuple[Any, Any, Any]) -> Callable[..., LLMEngine]:
     def make(**kwargs: Any) -> LLMEngine:
         kwargs.setdefault("kv_cache_memory_bytes", 1 << 22)
         kwargs.setdefault("seed", 0)
+        kwargs.setdefault("kv_cache_dtype", "bfloat16")  # the harder case: new K/V rounded before attention
         return LLMEngine.from_loaded(*bf16_loaded, **kwargs)
 
     return make
@@ -46,13 +47,14 @@ def make_bf16(bf16_loaded: tuple[Any, Any, Any]) -> Callable[..., LLMEngine]:
 def test_layout_and_cache_dtype(
     make_bf16: Callable[..., LLMEngine], make_engine: Callable[..., LLMEngine]
 ) -> None:
-    engine = make_bf16()
+    engine = make_bf16(kv_cache_dtype="auto")
     model = engine.runner.model
     assert engine.dtype == torch.bfloat16 and model.compute_dtype == torch.float32
-    assert engine.kv_cache_dtype == torch.bfloat16 and engine.runner.kv_caches[0].dtype == torch.bfloat16
+    assert engine.kv_cache_dtype == torch.float32  # auto: the activations' dtype
+    halved = make_bf16(kv_cache_dtype="bfloat16")
+    assert halved.kv_cache_dtype == torch.bfloat16 and halved.runner.kv_caches[0].dtype == torch.bfloat16
     # half the bytes per block: twice the blocks for the same budget
-    assert engine.block_manager.num_blocks == 2 * make_engine().block_manager.num_blocks
-    assert make_bf16(kv_cache_dtype="float32").runner.kv_caches[0].dtype == torch.float32
+    assert halved.block_manager.num_blocks == 2 * make_engine().block_manager.num_blocks
 
 
 def test_close_to_float32(make_bf16: Callable[..., LLMEngine], make_engine: Callable[..., LLMEngine]) -> None:
