@@ -3,6 +3,7 @@ aliases a run calls and the endpoints that serve them, and the page shape of the
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import math
@@ -147,7 +148,7 @@ def check_limit(limit: int) -> None:
         raise InvalidJobInput(f"limit must be between 1 and {MAX_PAGE}, not {limit}", param="limit")
 
 
-class SupervisedRun:
+class SupervisedRun(abc.ABC):
     """What every training and evaluation run does around its work (``_run``): a cancel that arrives while it
     runs ends it as cancelled, any other failure as failed with the error stored. Subclasses give ``id``,
     ``kind`` (for the log), ``_run``, ``_status`` and ``_finish``."""
@@ -167,11 +168,14 @@ class SupervisedRun:
             await asyncio.to_thread(self._finish, RunStatus.FAILED,
                                     {"error": {"type": type(exc).__name__, "message": storable(str(exc))}})
 
+    @abc.abstractmethod
     async def _run(self) -> None:
-        raise NotImplementedError
+        """The run's own work."""
 
+    @abc.abstractmethod
     def _status(self) -> str | None:
-        raise NotImplementedError
+        """The run's stored status."""
 
+    @abc.abstractmethod
     def _finish(self, status: RunStatus, values: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Store the run's terminal status and values."""
