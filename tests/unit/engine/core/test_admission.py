@@ -17,12 +17,11 @@ from app.engine.core.admission import (
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence, SequenceStatus
 from tests.unit.engine.core.test_scheduler import (
-    EOS,
     FakeRunner,
-    check_invariants,
-    fake_token,
+    drain_and_replay,
     make_scheduler,
     make_seq,
+    random_step,
     run_to_completion,
     scheduled,
     step,
@@ -224,28 +223,5 @@ def test_random_workload(strategy: str, seed: int) -> None:
             params = {"max_tokens": rng.randint(1, 10), "n": rng.choice([1, 2])}
             group = sched.add(make_seq(f"r{i}", prompt, priority=rng.randint(0, 3), **params))
             seqs += group.seqs
-        if sched.requests and rng.random() < 0.03:
-            rid = rng.choice(sorted(sched.requests))
-            sched.abort(rid)
-            aborted.add(rid)
-        out = sched.schedule()
-        assert out.total_num_scheduled_tokens <= sched.config.max_num_batched_tokens
-        sched.update(out, runner.run(out))
-        check_invariants(sched)
-    while sched.has_unfinished():
-        out = sched.schedule()
-        sched.update(out, runner.run(out))
-        check_invariants(sched)
-    assert sched.block_manager.kv_cache_usage_perc == 0.0
-    for seq in seqs:
-        assert seq.is_finished
-        if seq.request_id in aborted:
-            continue
-        # The fake model's outputs, however the sequence was admitted or preempted.
-        replay = Sequence(seq.request_id, seq.prompt_token_ids)
-        replay.seq_id = seq.seq_id
-        while replay.num_output_tokens < (seq.sampling_params.max_tokens or 0):
-            replay.append_token(fake_token(replay))
-            if replay.last_token_id == EOS or replay.num_tokens >= sched.max_model_len:
-                break
-        assert seq.output_token_ids == replay.output_token_ids
+        random_step(sched, runner, rng, aborted)
+    drain_and_replay(sched, runner, seqs, aborted)

@@ -582,14 +582,25 @@ def test_random_workload(seed: int) -> None:
                 )
             )
             seqs += group.seqs
-        if sched.requests and rng.random() < 0.03:
-            rid = rng.choice(sorted(sched.requests))
-            sched.abort(rid)
-            aborted.add(rid)
-        out = sched.schedule()
-        assert out.total_num_scheduled_tokens <= sched.config.max_num_batched_tokens
-        sched.update(out, runner.run(out))
-        check_invariants(sched)
+        random_step(sched, runner, rng, aborted)
+    drain_and_replay(sched, runner, seqs, aborted)
+
+
+def random_step(sched: Scheduler, runner: FakeRunner, rng: random.Random, aborted: set[str]) -> None:
+    """One step of a random workload: maybe abort a request, then schedule, run the fake model and check."""
+    if sched.requests and rng.random() < 0.03:
+        rid = rng.choice(sorted(sched.requests))
+        sched.abort(rid)
+        aborted.add(rid)
+    out = sched.schedule()
+    assert out.total_num_scheduled_tokens <= sched.config.max_num_batched_tokens
+    sched.update(out, runner.run(out))
+    check_invariants(sched)
+
+
+def drain_and_replay(sched: Scheduler, runner: FakeRunner, seqs: list[Sequence], aborted: set[str]) -> None:
+    """Run to the end, then check every unaborted sequence holds the fake model's outputs, however it was
+    admitted or preempted."""
     while sched.has_unfinished():
         out = sched.schedule()
         sched.update(out, runner.run(out))
@@ -599,7 +610,6 @@ def test_random_workload(seed: int) -> None:
         assert seq.is_finished
         if seq.request_id in aborted:
             continue
-        # Replaying the fake model gives the same outputs however often the sequence was preempted.
         replay = Sequence(seq.request_id, seq.prompt_token_ids)
         replay.seq_id = seq.seq_id
         max_tokens = seq.sampling_params.max_tokens
