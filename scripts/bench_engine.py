@@ -114,16 +114,9 @@ class PeakRSS:
 
 def model_dir() -> Path:
     """The converted-cache HF folder of the default GGUF (written on first use)."""
-    from app.engine.loading import cache, default_model_path, read_checkpoint
+    from app.engine.loading import default_model_folder
 
-    source = default_model_path()
-    entry = cache.lookup(source, cache.default_cache_root())
-    if entry is None:
-        read_checkpoint(None)
-        entry = cache.lookup(source, cache.default_cache_root())
-    if entry is None:
-        raise SystemExit("could not build the converted-model cache folder")
-    return entry
+    return default_model_folder()
 
 
 def run_workloads(

@@ -66,16 +66,9 @@ SHORT_MESSAGE = [{"role": "user", "content": "Reply with a JSON object."}]
 
 def model_dir() -> Path:
     """The converted-cache HF folder of the default GGUF (written on first use)."""
-    from app.engine.loading import cache, default_model_path, read_checkpoint
+    from app.engine.loading import default_model_folder
 
-    source = default_model_path()
-    entry = cache.lookup(source, cache.default_cache_root())
-    if entry is None:
-        read_checkpoint(None)
-        entry = cache.lookup(source, cache.default_cache_root())
-    if entry is None:
-        raise SystemExit("could not build the converted-model cache folder")
-    return Path(entry)
+    return default_model_folder()
 
 
 # ---- our engine (child side) ----------------------------------------------------------------------------

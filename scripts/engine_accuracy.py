@@ -84,12 +84,9 @@ def _ppl(logits: torch.Tensor, ids: list[int]) -> float:
 def hf_model(dtype: torch.dtype) -> Any:
     from transformers import LlamaForCausalLM
 
-    from app.engine.loading import cache, default_model_path
+    from app.engine.loading import default_model_folder
 
-    folder = cache.lookup(default_model_path(), cache.default_cache_root())
-    if folder is None:
-        raise SystemExit("no converted cache of the default model: run LLMEngine() once first")
-    return LlamaForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    return LlamaForCausalLM.from_pretrained(default_model_folder(), dtype=dtype).eval()
 
 
 def hf_greedy(model: Any, prompt: list[int], new: int) -> list[int]:

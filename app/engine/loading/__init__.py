@@ -81,6 +81,19 @@ def read_checkpoint(
     return config, state, tokenizer
 
 
+def default_model_folder() -> Path:
+    """The default GGUF converted to an HF folder (the loader's cache; written on first use), for tools that
+    read an HF folder: Transformers, vLLM, the benchmarks."""
+    source = default_model_path()
+    entry = cache.lookup(source, cache.default_cache_root())
+    if entry is None:
+        read_checkpoint(None)
+        entry = cache.lookup(source, cache.default_cache_root())
+    if entry is None:
+        raise FileNotFoundError(f"could not write the converted-model cache of {source}")
+    return Path(entry)
+
+
 def checkpoint_dtype(path: str | Path | None = None) -> torch.dtype | None:
     """The precision a checkpoint was saved in: an HF folder's ``torch_dtype``; bfloat16 for a GGUF file (its
     weights are 16-bit or quantized, never meant for float32 arithmetic); None when unknown."""
@@ -123,4 +136,11 @@ def load_model(
     return model, tokenizer, config
 
 
-__all__ = ["DEFAULT_MODEL_NAME", "checkpoint_dtype", "default_model_path", "load_model", "read_checkpoint"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "checkpoint_dtype",
+    "default_model_folder",
+    "default_model_path",
+    "load_model",
+    "read_checkpoint",
+]
