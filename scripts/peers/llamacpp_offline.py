@@ -56,7 +56,6 @@ import ctypes
 import json
 import os
 import re
-import statistics
 import sys
 import threading
 import time
@@ -65,7 +64,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS, BenchRequest, available_workloads, build_workload, warmup_requests
+from workloads import (
+    WORKLOADS,
+    BenchRequest,
+    available_workloads,
+    build_workload,
+    time_workload,
+    warmup_requests,
+)
 
 MiB = 1024 * 1024
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
@@ -255,25 +261,7 @@ def measure(
         "requests": len(requests),
         "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
     }
-    if name == "d":
-        runs = [runner.generate([r]) for r in requests]
-        ttft = statistics.median(s for s, _ in runs)
-        row.update(
-            output_tokens=sum(n for _, n in runs),
-            seconds=round(ttft, 4),
-            tokens_per_s=round(1 / ttft, 3),
-            ttft_s=round(ttft, 4),
-            ttft_runs_s=[round(s, 4) for s, _ in runs],
-            prefill_tokens_per_s=round(len(requests[0].prompt_token_ids) / ttft, 1),
-        )
-    else:
-        seconds, produced = runner.generate(requests)
-        row.update(
-            output_tokens=produced,
-            seconds=round(seconds, 3),
-            tokens_per_s=round(produced / seconds, 2),
-            ttft_s=None,
-        )
+    row.update(time_workload(runner.generate, requests, name, "llamacpp_offline"))
     sampler.sample()
     row["peak_rss_mb"] = round(sampler.peak / MiB, 1)
     row["cpu_s"] = round(sampler.cpu_seconds() - cpu0, 2)

@@ -51,7 +51,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -60,7 +59,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS, BenchRequest, available_workloads, build_workload, warmup_requests
+from workloads import (
+    WORKLOADS,
+    BenchRequest,
+    available_workloads,
+    build_workload,
+    time_workload,
+    warmup_requests,
+)
 
 MiB = 1024 * 1024
 
@@ -214,28 +220,7 @@ def measure(
         "requests": len(requests),
         "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
     }
-    if name == "d":
-        runs = [run([r]) for r in requests]  # one call per repeat, each a fresh prompt
-        ttft = statistics.median(s for s, _ in runs)
-        row.update(
-            output_tokens=sum(n for _, n in runs),
-            seconds=round(ttft, 4),
-            tokens_per_s=round(1 / ttft, 3),
-            ttft_s=round(ttft, 4),
-            ttft_runs_s=[round(s, 4) for s, _ in runs],
-            prefill_tokens_per_s=round(len(requests[0].prompt_token_ids) / ttft, 1),
-        )
-    else:
-        seconds, produced = run(requests)
-        expected = sum(r.max_tokens for r in requests)
-        if produced != expected:
-            print(f"vllm_offline: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr)
-        row.update(
-            output_tokens=produced,
-            seconds=round(seconds, 3),
-            tokens_per_s=round(produced / seconds, 2),
-            ttft_s=None,
-        )
+    row.update(time_workload(run, requests, name, "vllm_offline"))
     sampler.sample()
     row["peak_rss_mb"] = round(sampler.peak_rss / MiB, 1)
     row["pss_mb"] = round(sampler.pss_now() / MiB, 1)

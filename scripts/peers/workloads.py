@@ -44,8 +44,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 VOCAB_LOW = 1000
 VOCAB_HIGH = 48000
@@ -197,3 +201,35 @@ def summary(name: str, seed: int = 0) -> dict[str, int]:
 if __name__ == "__main__":
     for w in available_workloads():
         print(json.dumps({"workload": w, "description": DESCRIPTIONS[w], **summary(w)}))
+
+
+def time_workload(
+    run: Callable[[list[BenchRequest]], tuple[float, int]],
+    requests: list[BenchRequest],
+    name: str,
+    label: str,
+) -> dict[str, Any]:
+    """The timing fields of a workload's row, the same procedure for every engine: (d) one call per prompt,
+    the median TTFT; the others one call for all requests, tokens per second (and a warning on stderr when the
+    engine produced another number of tokens than asked)."""
+    if name == "d":
+        runs = [run([r]) for r in requests]  # one call per repeat, each a fresh prompt
+        ttft = statistics.median(s for s, _ in runs)
+        return {
+            "output_tokens": sum(n for _, n in runs),
+            "seconds": round(ttft, 4),
+            "tokens_per_s": round(1 / ttft, 3),
+            "ttft_s": round(ttft, 4),
+            "ttft_runs_s": [round(s, 4) for s, _ in runs],
+            "prefill_tokens_per_s": round(len(requests[0].prompt_token_ids) / ttft, 1),
+        }
+    seconds, produced = run(requests)
+    expected = sum(r.max_tokens for r in requests)
+    if produced != expected:
+        print(f"{label}: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr)
+    return {
+        "output_tokens": produced,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(produced / seconds, 2),
+        "ttft_s": None,
+    }
