@@ -46,7 +46,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -69,6 +68,7 @@ from workloads import (  # noqa: E402
     BenchRequest,
     build_workload,
     english_text,
+    time_workload,
     warmup_requests,
     write_text_ids,
 )
@@ -143,27 +143,7 @@ def run_workloads(
             "requests": len(requests),
             "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
         }
-        if name == "d":
-            runs = [run([r]) for r in requests]
-            ttft = statistics.median(s for s, _ in runs)
-            row.update(
-                output_tokens=sum(n for _, n in runs),
-                seconds=round(ttft, 4),
-                tokens_per_s=round(1 / ttft, 3),
-                ttft_s=round(ttft, 4),
-                ttft_runs_s=[round(s, 4) for s, _ in runs],
-            )
-        else:
-            seconds, produced = run(requests)
-            expected = sum(r.max_tokens for r in requests)
-            if produced != expected:
-                print(
-                    f"{engine_name}: {name}: produced {produced} tokens, expected {expected}", file=sys.stderr
-                )
-            row.update(
-                output_tokens=produced, seconds=round(seconds, 3), tokens_per_s=round(produced / seconds, 2)
-            )
-            row["ttft_s"] = None
+        row.update(time_workload(run, requests, name, engine_name))
         rss.sample()
         row["peak_rss_mb"] = round(rss.peak / MiB, 1)
         # CPU seconds this process got: about threads x seconds on a quiet machine, less when other work
