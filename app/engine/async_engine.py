@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.aio import wait_event
 from app.engine.core.sampling_params import SamplingParams
 from app.engine.llm_engine import EngineQueueFullError, LLMEngine, PromptInput
 from app.engine.metrics import EngineStats
@@ -309,8 +310,7 @@ class AsyncEngine:
                     self._wakeup.clear()
                     if self._commands:
                         continue
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wakeup.wait(), self.heartbeat_interval_s)
+                    await wait_event(self._wakeup, self.heartbeat_interval_s)
                     continue
                 outputs = await loop.run_in_executor(self._executor, engine.step)
                 self.num_steps += 1

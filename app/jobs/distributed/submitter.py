@@ -6,11 +6,11 @@ run nor send their dependents."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.aio import wait_event
 from app.db import JobStatus, repository, session_scope
 from app.jobs.distributed.dispatch import dispatch_job
 from app.jobs.distributed.messages import Dispatcher, Endpoints
@@ -61,8 +61,7 @@ class DistributedJobs:
                 await self.tick()
             except Exception:  # the database or the broker may be briefly away: the next tick tries again
                 log.exception("dispatching jobs to the workers failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            await wait_event(self._wake, self.poll_interval)
 
     async def tick(self) -> None:
         """Dispatch queued jobs (most urgent first) and finish cancelled jobs whose nodes stopped."""

@@ -4,7 +4,8 @@ as the executor commits instead of polling fast. Followers still poll slowly: an
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from app.aio import wait_event
 
 
 class JobEvents:
@@ -28,6 +29,4 @@ class JobEvents:
     @staticmethod
     async def wait(token: asyncio.Event, timeout: float) -> bool:
         """True when the job changed, False after ``timeout`` seconds without news."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(token.wait(), timeout)
-        return token.is_set()
+        return await wait_event(token, timeout)

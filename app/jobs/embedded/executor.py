@@ -8,12 +8,12 @@ when the previous server process ended. It assumes it is the only executor on it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.aio import wait_event
 from app.db import JobStatus, repository, session_scope
 from app.jobs.embedded.events import JobEvents
 from app.jobs.embedded.runner import JobRun, ResourcesFor, RunOptions, finish_cancelled
@@ -76,8 +76,7 @@ class EmbeddedExecutor:
                 await self._tick()
             except Exception:  # the database may be briefly unavailable: try again on the next tick
                 log.exception("the embedded executor's tick failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            await wait_event(self._wake, self.poll_interval)
             self._wake.clear()
 
     async def _tick(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.aio import wait_event
 from app.db import session_scope, utcnow
 from app.db.optimization_models import Evaluation, RunStatus, Training
 from app.db.repository import runs
@@ -138,8 +139,7 @@ class LearningExecutor:
                 await self._tick()
             except Exception:  # the database may be briefly unavailable: try again on the next tick
                 log.exception("the learning executor's tick failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            await wait_event(self._wake, self.poll_interval)
             self._wake.clear()
 
     async def _tick(self) -> None:
