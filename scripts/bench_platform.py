@@ -34,8 +34,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -45,6 +46,7 @@ from psycopg import sql  # noqa: E402
 from redis import Redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
+from app.jobs.distributed.stages import diff_snapshots  # noqa: E402
 from app.testing.fake_llm_server import start_fake_server_process, stop_fake_server_process  # noqa: E402
 from scripts.peers.bare_aiohttp_fanout import make_inputs  # noqa: E402
 
@@ -62,6 +64,7 @@ class Row:
     makespan_s: float
     ideal_s: float
     note: str = ""
+    stages: list[dict[str, Any]] = field(default_factory=list)  # per worker: stage timers over the run
 
     @property
     def tasks(self) -> int:
@@ -168,6 +171,12 @@ class Platform:
                 return
         raise RuntimeError(f"workers did not start; see {self.tmp}/worker-*.log")
 
+    def stages(self) -> dict[str, dict[str, Any]]:
+        """Each worker's stage timers (``inf_stages``), by node name."""
+        names = [f"bench{i}.{self.settings.redis_prefix}@localhost" for i in range(len(self.procs))]
+        replies = self.celery.control.broadcast("inf_stages", reply=True, destination=names, timeout=5.0)
+        return {name: snap for reply in replies for name, snap in reply.items()}
+
     def run_job(self, items: int, poll: float = 0.05) -> float:
         """Submit a job of ``items`` documents as the API does and wait for it; returns the makespan."""
         from app.db import session_scope
@@ -260,7 +269,10 @@ def platform_run(
             platform.run_job(min(20, items))  # warm-up: imports, connections, the pipeline loaded per process
             if noop is not None:
                 noop(platform)
+            before = platform.stages()
             makespan = platform.run_job(items)
+            after = platform.stages()
+            stages = [diff_snapshots(before[name], snap) for name, snap in sorted(after.items()) if name in before]
         finally:
             platform.close()
     return Row(
@@ -269,6 +281,7 @@ def platform_run(
         latency,
         makespan,
         ideal(items, latency, args.concurrency),
+        stages=stages,
     )
 
 
@@ -330,6 +343,45 @@ def print_table(title: str, rows: list[Row | str]) -> None:
             f"{row.name:<22} {row.items:>6} {row.makespan_s:>11.2f} {row.ideal_s:>8.2f} "
             f"{row.makespan_s / row.ideal_s:>7.2f}x {rate:>13.1f} {overhead:>17.2f}  {row.note}"
         )
+        for line in breakdown(row):
+            print(line)
+
+
+STAGES = ("claim", "load", "call", "store", "publish")
+
+
+def breakdown(row: Row) -> list[str]:
+    """Where one node's milliseconds went, per worker: CPU ms per node by thread and stage (the task threads'
+    stages as timed by ``app.jobs.distributed.stages``), and the mean wall ms of each stage."""
+    lines = []
+    for i, snap in enumerate(row.stages):
+        nodes = row.tasks / len(row.stages)  # each worker's share, assuming an even split
+        stages = snap["stages"]
+        cpu = {s: stages.get(s, [0.0, 0.0, 0])[1] for s in (*STAGES, "task")}
+        consumer = snap["threads"].get("consumer", 0.0)
+        loop = snap["threads"].get("loop", 0.0)
+        celery_pool = cpu["task"] - sum(cpu[s] for s in STAGES)  # the task body outside our stages
+        # the rest of the process: Celery's task wrapper and ack in the pool threads, other threads (beat of
+        # presence, metrics flush), the garbage collector
+        rest = snap["process_cpu_s"] - consumer - loop - cpu["task"]
+        share = {
+            "consumer (receive, decode, hand over)": consumer,
+            "event loop (HTTP call, limiter)": loop,
+            **{f"task: {s}": cpu[s] for s in STAGES},
+            "task: rest of body": celery_pool,
+            "Celery pool wrapper, ack, other threads": rest,
+        }
+        total = snap["process_cpu_s"]
+        lines.append(
+            f"  worker {i}: {total / nodes * 1000:.2f} CPU ms per node over {nodes:.0f} nodes, "
+            f"peak RSS {snap['peak_rss_kb'] / 1024:.0f} MiB"
+        )
+        lines.extend(f"    {name:<42} {sec / nodes * 1000:7.3f} ms" for name, sec in share.items())
+        walls = ", ".join(
+            f"{s} {stages[s][0] / stages[s][2] * 1000:.2f}" for s in (*STAGES, "task") if stages.get(s, [0, 0, 0])[2]
+        )
+        lines.append(f"    mean wall ms per stage: {walls}")
+    return lines
 
 
 def main() -> None:

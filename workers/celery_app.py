@@ -12,7 +12,10 @@ from celery import Celery
 from app.jobs.distributed.transport import celery_config as transport
 from app.jobs.distributed.transport.celery_config import RedisNotConfiguredError, celery_config, require_redis
 from app.settings import Settings, exit_on_bad_settings, get_settings
-from workers import observability  # noqa: F401  (JSON logs with task and job ids, worker presence)
+from workers import (
+    observability,  # noqa: F401  (JSON logs with task and job ids, worker presence)
+    stages_control,  # noqa: F401  (inf_stages: per-stage node timers for the benchmark)
+)
 from workers.beat import beat_schedule
 
 TASK_MODULES = ["workers.tasks", "workers.learning_tasks"]

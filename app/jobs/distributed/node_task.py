@@ -36,6 +36,7 @@ from app.jobs.distributed.messages import NodeMessage
 from app.jobs.distributed.node_results import retrying, store_result
 from app.jobs.distributed.node_worker import NodeCall, NodePolicy, NodeWorker
 from app.jobs.distributed.nodes import ItemGraph, execute_node
+from app.jobs.distributed.stages import Lap, clock
 from app.jobs.encoding import decode_value, error_of
 from app.pipeline.execution.state import TaskResult
 from app.pipeline.resources.errors import RateLimitError, TransientError
@@ -71,7 +72,8 @@ _REFUSED = {
 
 def run_node(worker: NodeWorker, call: NodeCall) -> Outcome:
     """Claim, run and store one node, then send the nodes that became ready (see the module docstring)."""
-    claimed = _claim(worker, call)
+    lap = Lap(clock)  # per-stage timers (two clock reads a stage), read by the platform benchmark
+    claimed = _claim(worker, call, lap)
     if isinstance(claimed, Outcome):
         return claimed
     item, attempts = claimed
@@ -86,13 +88,16 @@ def run_node(worker: NodeWorker, call: NodeCall) -> Outcome:
         return Outcome.FAILED
     if worker.observe is not None:
         worker.observe(node.kind, time.perf_counter() - start)
+    lap("call")
     ready = store_result(worker, item, result)
+    lap("store")
     _send(worker, [_message(ref) for ref in ready])
+    lap("publish")
     return Outcome.STORED
 
 
 # -- 1. claim ------------------------------------------------------------------------------------------------
-def _claim(worker: NodeWorker, call: NodeCall) -> Outcome | tuple[ItemGraph, int]:
+def _claim(worker: NodeWorker, call: NodeCall, lap: Lap) -> Outcome | tuple[ItemGraph, int]:
     """The claimed item's graph with its stored values, and the node's attempts; else what the claim found."""
     now = utcnow()
     lease = now + timedelta(seconds=worker.policy.lease_s)
@@ -107,6 +112,7 @@ def _claim(worker: NodeWorker, call: NodeCall) -> Outcome | tuple[ItemGraph, int
         now,
     )
     claim = worker.store.claim(request)
+    lap("claim")
     if claim.item is None:
         return _REFUSED[claim.status]
     row = claim.item
@@ -116,6 +122,7 @@ def _claim(worker: NodeWorker, call: NodeCall) -> Outcome | tuple[ItemGraph, int
         _fail(worker, call, _pipeline_changed(call.node_id))
         return Outcome.FAILED
     values = {n: decode_value(v) for n, v in row.values.items() if n in graph.nodes}
+    lap("load")
     return ItemGraph(call.job_id, call.item_id, row.custom_id, graph, values), claim.attempts
 
 
