@@ -256,6 +256,15 @@ class Settings(BaseSettings):
     sweep_interval: float = Field(
         default=10.0, gt=0, description="Seconds between two runs of the sweeper (a beat task)"
     )
+    node_group: int = Field(
+        default=4, ge=1, le=64,
+        description="Ready nodes of one item (same queue and priority) one node-task message may carry; a worker "
+        "runs them one after another",
+    )
+    node_local_chain: int = Field(
+        default=4, ge=0, le=64,
+        description="Dependents one delivery runs at once when they become ready on its own queue (0: send each)",
+    )
 
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> Settings:

@@ -35,13 +35,19 @@ DB_DOWN = DATABASE_UNAVAILABLE
     retry_jitter=True,
     max_retries=30,
 )
-def run_node_task(self: Any, job_id: str, item_id: int, node_id: str, attempt: int) -> str:
-    """Run one node of one item (a re-delivered task whose result is stored does nothing)."""
+def run_node_task(
+    self: Any, job_id: str, item_id: int, node_id: str, attempt: int, also: list[list[Any]] | None = None
+) -> str:
+    """Run one node of one item, then ``also`` (``[node_id, attempt]`` pairs of the same item) when the message
+    carries more (a re-delivered task whose results are stored does nothing)."""
     request = self.request
     redelivered = bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
     call = NodeCall(job_id, int(item_id), node_id, int(attempt), token=request.id, redelivered=redelivered)
     lap = Lap(stage_clock)
-    outcome = run_node(node_worker(), call).value
+    # the queue it came from (routing key = queue name): dependents ready on it may run here at once
+    here = (request.delivery_info or {}).get("routing_key") or None
+    pairs = [(str(n), int(a)) for n, a in also or []]
+    outcome = run_node(node_worker(), call, here=here, also=pairs).value
     lap("task")  # the whole body: the benchmark subtracts the stages inside it
     return outcome
 

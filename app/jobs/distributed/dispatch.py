@@ -21,7 +21,7 @@ from app.db.models import NodeTaskStatus
 from app.db.repository import ItemOutcome
 from app.db.repository import node_tasks as tasks_repo
 from app.jobs.distributed.messages import Dispatcher, Endpoints, NodeMessage
-from app.jobs.distributed.node_task import NodePolicy, message_of
+from app.jobs.distributed.node_task import NodePolicy, messages_of
 from app.jobs.distributed.settle import fail_item, settle_job
 from app.jobs.encoding import decode_item_input, error_of
 from app.jobs.graphs import graph_forms, load_module, trace_item
@@ -99,7 +99,7 @@ def dispatch_job(
                 log.warning(
                     "job %s: could not send %d node tasks (%s); the sweeper will", job_id, len(messages), exc
                 )
-            sent += len(messages)
+            sent += sum(m.nodes for m in messages)
 
 
 def _dispatch_page(
@@ -158,7 +158,7 @@ def _dispatch_page(
             for p in item_plans
         )
     refs = tasks_repo.add_node_tasks(session, rows=rows)
-    return [message_of(ref) for ref in refs]
+    return messages_of(refs, getattr(dispatcher, "group", 1))
 
 
 class _JobError(Exception):

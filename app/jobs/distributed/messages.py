@@ -13,7 +13,9 @@ from app.pipeline.resources.config import EndpointConfig, ResourceConfig
 @dataclass(frozen=True, slots=True)
 class NodeMessage:
     """One node task to send: primitive ids only. ``attempt`` makes the task id (job, item, node, attempt), so
-    sending the same attempt twice is visible as such; ``countdown`` delays it (a retry's backoff)."""
+    sending the same attempt twice is visible as such; ``countdown`` delays it (a retry's backoff). ``also``: more
+    ready nodes of the same item, queue and priority, ``(node_id, attempt)`` each, that the same delivery runs
+    after the first one (a message costs a worker more than a node's own bookkeeping)."""
 
     job_id: str
     item_id: int
@@ -22,9 +24,17 @@ class NodeMessage:
     queue: str
     priority: int
     countdown: float = 0.0
+    also: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def nodes(self) -> int:
+        return 1 + len(self.also)
 
 
 class Dispatcher(Protocol):
+    """A transport. It may set ``group`` (an int attribute): how many ready nodes of one item one message may
+    carry (1, or no such attribute: one node a message)."""
+
     def route(
         self, *, kind: str, endpoint: EndpointConfig | None, job_priority: int, depth: int
     ) -> tuple[str, int]:

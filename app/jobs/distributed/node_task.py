@@ -25,10 +25,12 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from enum import StrEnum
 from functools import partial
 from typing import Any, TypeVar
+from uuid import uuid4
 
 from app.db import utcnow
 from app.db.repository.node_store import ClaimRequest, ClaimStatus, NodeTaskRef
@@ -70,30 +72,64 @@ _REFUSED = {
 }
 
 
-def run_node(worker: NodeWorker, call: NodeCall) -> Outcome:
-    """Claim, run and store one node, then send the nodes that became ready (see the module docstring)."""
+def run_node(
+    worker: NodeWorker, call: NodeCall, *, here: str | None = None, also: Sequence[tuple[str, int]] = ()
+) -> Outcome:
+    """Claim, run and store one node, then send the nodes that became ready (see the module docstring).
+
+    ``here``: the queue this delivery came from. A dependent that becomes ready on that queue runs in this task at
+    once (claimed and stored in PostgreSQL as usual) instead of taking a round trip through the broker: this
+    worker consumes that queue, and a message costs the worker more than most nodes do. Until its claim, the
+    dependent is queued in PostgreSQL with a deadline, so the sweeper sends it if this worker dies meanwhile.
+    At most ``policy.local_chain`` nodes run this way per delivery, so one message never holds a thread long.
+
+    ``also``: the message's other nodes (``(node_id, attempt)``, same item), run one after another under the same
+    token, so a re-delivery of this message takes over their claims as it does the first one's. Returns the
+    first node's outcome.
+    """
     lap = Lap(clock)  # per-stage timers (two clock reads a stage), read by the platform benchmark
+    outcome, ready = _run_one(worker, call, lap)
+    for node_id, attempt in also:
+        more = NodeCall(call.job_id, call.item_id, node_id, int(attempt), call.token, call.redelivered)
+        ready.extend(_run_one(worker, more, lap)[1])
+    group = getattr(worker.dispatcher, "group", 1)
+    chained = 0
+    while here is not None and chained < worker.policy.local_chain:
+        local = next((ref for ref in ready if ref.queue == here), None)
+        if local is None:
+            break
+        _send(worker, messages_of([ref for ref in ready if ref is not local], group))
+        lap("publish")
+        chained += 1
+        # a fresh token: no message carries this run, so no redelivery can take it over (the sweeper can)
+        local_call = NodeCall(local.job_id, local.item_id, local.node_id, local.attempts, f"here:{uuid4().hex}")
+        _, ready = _run_one(worker, local_call, lap)
+    _send(worker, messages_of(ready, group))
+    lap("publish")
+    return outcome
+
+
+def _run_one(worker: NodeWorker, call: NodeCall, lap: Lap) -> tuple[Outcome, list[NodeTaskRef]]:
+    """Claim, run and store one node; returns what it did and the nodes that became ready (not sent yet)."""
     claimed = _claim(worker, call, lap)
     if isinstance(claimed, Outcome):
-        return claimed
+        return claimed, []
     item, attempts = claimed
     node = item.graph.nodes[call.node_id]
     start = time.perf_counter()
     try:
         result = _leased(worker, call, worker.submit(_execute(worker, item, call.node_id, attempts)))
     except TransientError as exc:
-        return _retry_or_fail(worker, call, item, attempts, exc)
+        return _retry_or_fail(worker, call, item, attempts, exc), []
     except Exception as exc:  # the node's own error: the item fails with it (errors are data)
         _fail(worker, call, _node_error(call.node_id, exc))
-        return Outcome.FAILED
+        return Outcome.FAILED, []
     if worker.observe is not None:
         worker.observe(node.kind, time.perf_counter() - start)
     lap("call")
     ready = store_result(worker, item, result)
     lap("store")
-    _send(worker, [_message(ref) for ref in ready])
-    lap("publish")
-    return Outcome.STORED
+    return Outcome.STORED, ready
 
 
 # -- 1. claim ------------------------------------------------------------------------------------------------
@@ -221,6 +257,22 @@ def _send(worker: NodeWorker, messages: Sequence[NodeMessage]) -> None:
 
 def _message(ref: NodeTaskRef, countdown: float = 0.0) -> NodeMessage:
     return NodeMessage(ref.job_id, ref.item_id, ref.node_id, ref.attempts, ref.queue, ref.priority, countdown)
+
+
+def messages_of(refs: Sequence[NodeTaskRef], group: int = 1) -> list[NodeMessage]:
+    """The messages that send ``refs``: up to ``group`` ready nodes of one item, queue and priority share one."""
+    if group <= 1:
+        return [_message(ref) for ref in refs]
+    groups: dict[tuple[int, str, int], list[NodeTaskRef]] = {}
+    for ref in refs:
+        groups.setdefault((ref.item_id, ref.queue, ref.priority), []).append(ref)
+    messages = []
+    for members in groups.values():
+        for start in range(0, len(members), group):
+            first, *rest = members[start : start + group]
+            also = tuple((r.node_id, r.attempts) for r in rest)
+            messages.append(replace(_message(first), also=also))
+    return messages
 
 
 def message_of(ref: NodeTaskRef, countdown: float = 0.0) -> NodeMessage:

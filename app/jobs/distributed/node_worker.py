@@ -38,6 +38,8 @@ class NodePolicy:
     # a queued node overdue this long is sent again even while its queue has a backlog (a lost message must
     # not wait for the queue to drain; a duplicate only finds the node running or done)
     resend_after_s: float = 3600.0
+    # dependents one delivery runs on the spot when they become ready on its own queue (0: send every one)
+    local_chain: int = 4
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ def node_policy(settings: Settings) -> NodePolicy:
         max_attempts=settings.node_max_attempts,
         retry_delay_s=settings.node_retry_delay,
         stale_s=settings.node_stale_seconds,
+        local_chain=settings.node_local_chain,
     )
 
 

@@ -41,8 +41,10 @@ def queue_depth(redis: Redis, settings: Settings, queue: str) -> int:
 class CeleryDispatcher:
     """Sends node tasks on ``celery`` (deterministic task ids: job, item, node, attempt)."""
 
-    def __init__(self, celery: Any, settings: Settings) -> None:
+    def __init__(self, celery: Any, settings: Settings, group: int | None = None) -> None:
         self.celery = celery
+        # ready nodes of one item that one message may carry (settings.node_group unless told)
+        self.group = settings.node_group if group is None else group
         self.settings = settings
         self.queues = Queues.from_prefix(settings.celery_queue_prefix)
         self._redis: Redis | None = None
@@ -68,9 +70,12 @@ class CeleryDispatcher:
             batch = producer.batch() if len(messages) > 1 and hasattr(producer, "batch") else nullcontext()
             with batch:
                 for m in messages:
+                    args: list[Any] = [m.job_id, m.item_id, m.node_id, m.attempt]
+                    if m.also:  # a fifth argument only when used: older workers take four
+                        args.append([list(pair) for pair in m.also])
                     self.celery.send_task(
                         RUN_NODE,
-                        args=[m.job_id, m.item_id, m.node_id, m.attempt],
+                        args=args,
                         task_id=node_task_id(m.job_id, m.item_id, m.node_id, m.attempt),
                         queue=m.queue,
                         priority=m.priority,
