@@ -148,8 +148,10 @@ class Settings(BaseSettings):
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU)"
     )
-    quantization: Literal["int8"] | None = Field(
-        default=None, description="Native engine: 'int8' = weight-only int8 products (per-channel scales)"
+    quantization: Literal["int8", "gguf"] | None = Field(
+        default=None,
+        description="Native engine: 'int8' = weight-only int8 products (per-channel scales); 'gguf' = run a GGUF "
+        "model's own Q4_0/Q4_1 blocks (4-bit products, CPU)",
     )
     speculative_config: dict[str, Any] | None = Field(
         default=None,

@@ -77,7 +77,7 @@ class EngineConfig:
     dtype: str | torch.dtype = "auto"
     # "auto": the activations' dtype (float32 on CPU, also under bfloat16 weights); or "float32" / "bfloat16"
     kv_cache_dtype: str = "auto"
-    # Weight-only quantization of the matrix products: None or "int8" (app.engine.models.quantization)
+    # Weight-only quantization of the matrix products: None, "int8" or "gguf" (app.engine.models.quantization)
     quantization: str | None = None
     device: str | torch.device = "auto"  # "auto": CUDA when available
     block_size: int = 16
@@ -200,10 +200,11 @@ class LLMEngine:
         config = _engine_config(model, config, kwargs)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        from app.engine.loading import (
+        from app.engine.loading import (  # deferred: pulls in settings, safetensors
+            apply_quantization,
             checkpoint_dtype,
             load_model,
-        )  # deferred: pulls in settings, safetensors
+        )
 
         device = config.resolve_device()
         dtype = config.resolve_dtype(device, checkpoint_dtype(config.model))
@@ -211,7 +212,7 @@ class LLMEngine:
             config.model, dtype=dtype, device=device, cache_dir=config.model_cache_dir
         )
         if config.quantization:
-            quantize_model(loaded, config.quantization)
+            apply_quantization(loaded, config.quantization, config.model)
         self._setup(config, loaded, tokenizer, model_config, device, dtype)
 
     @classmethod

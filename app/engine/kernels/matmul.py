@@ -179,6 +179,21 @@ def int8_linear(
     return out.view(*shape[:-1], qweight.shape[0])
 
 
+def int4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ W.T + bias`` in ``x``'s dtype for a 4-bit ``W`` packed by ``torch._convert_weight_to_int4pack_for_cpu``
+    (``[out, in / 2]``) with ``scale_zeros`` ``[in / group_size, out, 2]`` in bfloat16: ``W = (code - 8) * scale +
+    zero`` per group. PyTorch's CPU kernel is fast only for bfloat16 activations, so ``x`` is rounded to bfloat16;
+    it accumulates in float32."""
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+    out = torch._weight_int4pack_mm_for_cpu(flat, packed, group_size, scale_zeros).to(x.dtype)
+    if bias is not None:
+        out = out.add_(bias.to(x.dtype))
+    return out.view(*shape[:-1], packed.shape[0])
+
+
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:
     cached = getattr(weight, "_inf_onednn_packed", None)
     if cached is not None and cached[0] == weight._version:

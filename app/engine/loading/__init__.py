@@ -20,6 +20,8 @@ from app.engine.loading.gguf import GGUFFile, is_gguf_file
 from app.engine.loading.hf import read_hf_config, read_hf_tokenizer, read_hf_weights, read_json
 from app.engine.models import build_model
 from app.engine.models.base import PagedCausalLM
+from app.engine.models.layers import Linear
+from app.engine.models.quantization import install_q4, q4_fits, quantize_model
 from app.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -136,8 +138,39 @@ def load_model(
     return model, tokenizer, config
 
 
+def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | None = None) -> int:
+    """Quantize a loaded model in place (``EngineConfig.quantization``); returns how many Linears changed.
+    ``"gguf"`` reads the 4-bit blocks of the GGUF file ``path`` (None: the default model) that the model was
+    loaded from; other methods quantize the loaded weights."""
+    if method != "gguf":
+        return quantize_model(model, method)
+    source = default_model_path() if path is None else Path(path).expanduser()
+    if not (source.is_file() and is_gguf_file(source)):
+        raise ValueError(f"quantization='gguf' needs a .gguf model file; {source} is not one")
+    gguf = GGUFFile(source)
+    blocks = gguf.q4_weights(gguf.model_config())
+    modules = dict(model.named_modules())
+    count = 0
+    for name, hf_names in model.linear_sources().items():
+        module = modules[name]
+        if not (isinstance(module, Linear) and q4_fits(module) and all(n in blocks for n in hf_names)):
+            continue  # stored in another format (Q8_0, float) or a shape the kernel lacks: keeps its dtype
+        parts = [blocks[n] for n in hf_names]
+        codes, scale, zero = (torch.cat([p[i] for p in parts], dim=0) for i in range(3))
+        install_q4(module, codes, scale, zero)
+        count += 1
+    if count == 0:
+        raise ValueError(
+            f"quantization='gguf' found no Q4_0/Q4_1 matrices it can run in {source.name}; "
+            "load it without quantization (or with quantization='int8')"
+        )
+    log.info("quantization='gguf': %d linear layers run %s's 4-bit blocks", count, source.name)
+    return count
+
+
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "apply_quantization",
     "checkpoint_dtype",
     "default_model_folder",
     "default_model_path",

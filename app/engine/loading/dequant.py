@@ -70,6 +70,24 @@ def dequantize_q4_1(raw: np.ndarray, numel: int) -> np.ndarray:
     return (d * q + m).reshape(-1)
 
 
+def q4_groups(raw: np.ndarray, qtype: int, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_0/Q4_1 matrix ``[rows, cols]`` kept in its own blocks: codes ``[rows, cols]`` (uint8, 0..15) and,
+    per block of 32 along a row, ``scale`` and ``zero`` ``[rows, cols / 32]`` (float32) with
+    ``weight = (code - 8) * scale + zero``. Q4_0 is ``d * (q - 8)`` (zero 0); Q4_1 is ``d * q + m``, which is
+    ``d * (q - 8) + (m + 8d)``. The form of PyTorch's int4 CPU matmul (``_weight_int4pack_mm_for_cpu``)."""
+    rows, cols = shape
+    if qtype not in (Q4_0, Q4_1):
+        raise ValueError(f"{TYPE_NAMES.get(qtype, qtype)} is not a 4-bit block format (Q4_0 or Q4_1)")
+    b = _blocks(raw, qtype, rows * cols)
+    d = _f16(b[:, :2])
+    if qtype == Q4_0:
+        codes, zero = _nibbles(b[:, 2:]), np.zeros_like(d)
+    else:
+        codes, zero = _nibbles(b[:, 4:]), _f16(b[:, 2:4]) + 8.0 * d
+    groups = cols // QK
+    return codes.reshape(rows, cols), d.reshape(rows, groups), zero.reshape(rows, groups)
+
+
 def _plain(dtype: type[np.generic]) -> Callable[[np.ndarray, int], np.ndarray]:
     def convert(raw: np.ndarray, numel: int) -> np.ndarray:
         flat = np.ascontiguousarray(raw).view(np.uint8).reshape(-1).view(dtype)

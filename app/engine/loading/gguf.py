@@ -21,7 +21,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from app.engine.config import ConfigError, ModelConfig
-from app.engine.loading.dequant import dequantize
+from app.engine.loading.dequant import Q4_0, Q4_1, dequantize, q4_groups
 from app.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,27 @@ class GGUFFile:
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         return state
+
+    def q4_weights(self, config: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The Q4_0/Q4_1 matrices in their own blocks, by HF name: ``(codes, scale, zero)`` (see
+        :func:`~app.engine.loading.dequant.q4_groups`), rows in HF order. GPT-2's transposed Conv1D weights
+        are left out: their blocks run along the wrong axis for a row-wise product."""
+        out: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        for tensor in self.reader.tensors:
+            qtype = int(tensor.tensor_type)
+            if qtype not in (Q4_0, Q4_1) or len(tensor.shape) != 2:
+                continue
+            hf_name, stem = _hf_name(tensor.name, config.architecture)
+            if config.architecture == "gpt2" and stem in _GPT2_CONV1D:
+                continue
+            rows, cols = (int(d) for d in reversed(tensor.shape))
+            parts = q4_groups(tensor.data, qtype, (rows, cols))
+            if config.architecture == "llama" and stem in ("attn_q", "attn_k"):
+                heads = config.num_heads if stem == "attn_q" else config.num_kv_heads
+                parts = tuple(unpermute_qk(a, heads) for a in parts)  # type: ignore[assignment]
+            codes, scale, zero = (torch.from_numpy(np.ascontiguousarray(a)) for a in parts)
+            out[hf_name] = (codes, scale, zero)
+        return out
 
     # --------------------------------------------------------------------------------------- tokenizer
     def tokenizer(self, config: ModelConfig) -> Tokenizer:

@@ -77,6 +77,11 @@ class PagedCausalLM(nn.Module):
             return linear(hidden, head)
         return torch.mm(hidden, head.t(), out=out)
 
+    def linear_sources(self) -> dict[str, list[str]]:
+        """For each Linear (by module name), the HF weights it holds, stacked along the output rows in this
+        order (fused projections); quantizers that bring their own blocks use it. Empty: none known."""
+        return {}
+
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load weights named and laid out as the Hugging Face checkpoint of this architecture."""
         raise NotImplementedError(f"{type(self).__name__} must define load_hf_state_dict(state)")

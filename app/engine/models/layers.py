@@ -8,7 +8,7 @@ from torch import nn
 
 import app.engine.kernels as kernels
 from app.engine.kernels import small_matmul
-from app.engine.kernels.matmul import bf16_linear, int8_linear, onednn_linear
+from app.engine.kernels.matmul import bf16_linear, int4_linear, int8_linear, onednn_linear
 
 
 def placeholder(*shape: int) -> nn.Parameter:
@@ -26,10 +26,15 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = placeholder(out_features, in_features)
         self.bias = placeholder(out_features) if bias else None
-        self.scales: torch.Tensor | None = None  # per-output-channel scales of an int8 weight (quantization)
+        # quantization: per-output-channel scales of an int8 weight, or (group_size > 0) the per-group scales
+        # and zeros of a packed 4-bit weight
+        self.scales: torch.Tensor | None = None
+        self.group_size = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scales is not None:
+            if self.group_size:
+                return int4_linear(x, self.weight, self.scales, self.group_size, self.bias)
             return int8_linear(x, self.weight, self.scales, self.bias)
         return linear(x, self.weight, self.bias)
 

@@ -131,6 +131,16 @@ class LlamaForCausalLM(PagedCausalLM):
             x, residual = layer.forward(x, residual, cos, sin, cache, attn)
         return self.norm.add_forward(x, residual)[0]
 
+    def linear_sources(self) -> dict[str, list[str]]:
+        sources: dict[str, list[str]] = {}
+        for i in range(self.config.num_layers):
+            ours, hf = f"layers.{i}.", f"model.layers.{i}."
+            sources[ours + "self_attn.qkv_proj"] = [hf + f"self_attn.{n}_proj.weight" for n in "qkv"]
+            sources[ours + "self_attn.o_proj"] = [hf + "self_attn.o_proj.weight"]
+            sources[ours + "mlp.gate_up_proj"] = [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"]
+            sources[ours + "mlp.down_proj"] = [hf + "mlp.down_proj.weight"]
+        return sources
+
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load HF ``LlamaForCausalLM`` weights (names with or without the ``model.`` prefix)."""
         src = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}

@@ -6,6 +6,12 @@ head (tied to the embedding in small models, which a lookup needs in float) keep
 product (:func:`app.engine.kernels.matmul.int8_linear`) is PyTorch's CPU kernel for int8-weight matmuls (``torch._weight_int8pack_mm``, the one torchao and
 gpt-fast use): activations in bfloat16, weights widened in registers, float32 accumulation. It pays off where
 a step is bound by the bytes of weights it reads: one or a few sequences decoding.
+
+``"gguf"``: a GGUF file's own Q4_0/Q4_1 blocks run as they are, never widened to float in memory: each Linear
+holds the 4-bit codes packed for PyTorch's int4 CPU matmul (``torch._weight_int4pack_mm_for_cpu``) with one
+scale and zero per block of 32 (an eighth of float32's bytes). The blocks come from the file, so this mode is
+applied by the loader (:func:`app.engine.loading.apply_quantization`), not by :func:`quantize_model`. Other
+tensors (norms, the embedding and the LM head tied to it, Q8_0 ones) keep the model's dtype.
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from torch import nn
 
 from app.engine.models.layers import Linear
 
-__all__ = ["QUANTIZATIONS", "check_quantization", "quantize_model"]
+__all__ = ["QUANTIZATIONS", "check_quantization", "install_q4", "q4_fits", "quantize_model"]
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "gguf")
+GGUF_GROUP = 32  # weights per block in the GGUF formats executed here
 
 
 def check_quantization(method: str | None) -> None:
@@ -28,6 +35,11 @@ def check_quantization(method: str | None) -> None:
 def quantize_model(model: nn.Module, method: str) -> int:
     """Quantize ``model``'s Linear weights in place (CPU only); returns how many. Idempotent."""
     check_quantization(method)
+    if method == "gguf":
+        raise ValueError(
+            "quantization='gguf' runs a GGUF file's own 4-bit blocks: load the model from the .gguf file "
+            "(LLMEngine(model='file.gguf', quantization='gguf'); the default model is one)"
+        )
     count = 0
     for module in model.modules():
         if isinstance(module, Linear) and module.scales is None:
@@ -46,5 +58,31 @@ def _quantize_int8(module: Linear) -> None:
     qweight = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
     module.weight = nn.Parameter(qweight, requires_grad=False)
     module.scales = scales.to(torch.bfloat16)
+    if module.bias is not None:
+        module.bias = nn.Parameter(module.bias.detach().float(), requires_grad=False)
+
+
+def q4_fits(module: Linear) -> bool:
+    """PyTorch's int4 CPU kernel takes whole 32-blocks along a row and a multiple of 16 output rows."""
+    out_features, in_features = module.weight.shape
+    return module.scales is None and in_features % GGUF_GROUP == 0 and out_features % 16 == 0
+
+
+def install_q4(module: Linear, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+    """Make ``module`` compute with 4-bit ``codes`` ``[out, in]`` (0..15) and per-group ``scale``/``zero``
+    ``[out, in / 32]``: ``W = (code - 8) * scale + zero``."""
+    out_features, in_features = module.weight.shape
+    if codes.shape != (out_features, in_features) or not q4_fits(module):
+        raise ValueError(
+            f"4-bit weight {tuple(codes.shape)} does not fit a Linear of {out_features}x{in_features}"
+        )
+    if module.weight.device.type != "cpu":
+        raise ValueError(f"quantization='gguf' runs on CPU; this model is on {module.weight.device}")
+    with torch.inference_mode(False), torch.no_grad():
+        packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 8)
+    scale_zeros = torch.stack((scale.float(), zero.float()), dim=-1).transpose(0, 1).contiguous()
+    module.weight = nn.Parameter(packed, requires_grad=False)
+    module.scales = scale_zeros.to(torch.bfloat16)
+    module.group_size = GGUF_GROUP
     if module.bias is not None:
         module.bias = nn.Parameter(module.bias.detach().float(), requires_grad=False)

@@ -71,8 +71,9 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf: Any, tokenizer_json: Path, path: Path) -> None:
-    """Write ``hf`` as llama.cpp would; updates ``hf``'s weights in place to the quantised values."""
+def write_gguf(hf: Any, tokenizer_json: Path, path: Path, kinds: list[Any] | None = None) -> None:
+    """Write ``hf`` as llama.cpp would; updates ``hf``'s weights in place to the quantised values. Matrices
+    take the formats ``kinds`` in turn (default: Q8_0, Q4_1, F16)."""
     cfg = hf.config
     arch = "llama" if cfg.model_type == "llama" else "gpt2"
     writer = gguf.GGUFWriter(str(path), arch)
@@ -119,7 +120,7 @@ def write_gguf(hf: Any, tokenizer_json: Path, path: Path) -> None:
     writer.add_add_bos_token(False)
     writer.add_chat_template("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
 
-    kinds = [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.F16]
+    kinds = kinds or [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.F16]
     with torch.no_grad():
         for i, (name, param) in enumerate(hf.state_dict().items()):
             gname = _gguf_name(name, arch)
@@ -136,7 +137,7 @@ def write_gguf(hf: Any, tokenizer_json: Path, path: Path) -> None:
                 w = w.T.copy()
             qtype = gguf.GGMLQuantizationType.F32
             if w.ndim == 2:
-                qtype = kinds[i % 3] if w.shape[1] % 32 == 0 else gguf.GGMLQuantizationType.F16
+                qtype = kinds[i % len(kinds)] if w.shape[1] % 32 == 0 else gguf.GGMLQuantizationType.F16
             packed = quantize(w, qtype)
             rounded = ref_dequantize(packed, qtype).reshape(w.shape)
             param.copy_(torch.from_numpy(rounded.T.copy() if is_conv1d and w.ndim == 2 else rounded))

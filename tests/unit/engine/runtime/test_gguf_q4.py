@@ -1,0 +1,111 @@
+"""``quantization="gguf"``: a GGUF file's own Q4_0/Q4_1 blocks run by the int4 CPU matmul, never widened to
+float: the blocks reproduce the file's values, the model stays close to its float load, and batch invariance and
+prefix caching are exact within the mode. Wrong uses are clear errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from app.engine import LLMEngine, SamplingParams
+from app.engine.loading import apply_quantization, load_model
+from app.engine.loading.dequant import Q4_0, Q4_1, dequantize, q4_groups
+from app.engine.models.layers import Linear
+from tests.unit.engine.models.conftest import VOCAB, build_hf_model
+from tests.unit.engine.models.helpers import PagedRunner, write_tiny_tokenizer
+from tests.unit.engine.runtime.conftest import random_prompts
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import quantize  # noqa: E402
+
+from tests.unit.engine.models.test_gguf_tiny import write_gguf  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+MODEL = "llama_gqa_llama3"  # hidden 64, intermediate 128: every projection is whole 32-blocks
+
+
+def tokens(outputs: list[Any]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def write_q4(root: Path, qtype: Any) -> Path:
+    hf = build_hf_model(MODEL)
+    write_tiny_tokenizer(root, VOCAB)
+    path = root / f"tiny-{qtype.name}.gguf"
+    write_gguf(hf, root / "tokenizer.json", path, kinds=[qtype])
+    return path
+
+
+@pytest.fixture(scope="module", params=["Q4_0", "Q4_1"])
+def q4_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_q4(tmp_path_factory.mktemp(f"q4_{request.param}"), gguf.GGMLQuantizationType[request.param])
+
+
+@pytest.fixture
+def make_q4(q4_file: Path, tmp_path: Path) -> Callable[..., LLMEngine]:
+    def make(**kwargs: Any) -> LLMEngine:
+        kwargs.setdefault("kv_cache_memory_bytes", 1 << 22)
+        return LLMEngine(q4_file, quantization="gguf", model_cache_dir=tmp_path, seed=0, **kwargs)
+
+    return make
+
+
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1])
+def test_blocks_hold_the_files_values(qtype: int) -> None:
+    weights = np.random.default_rng(0).normal(size=(48, 96)).astype(np.float32)
+    raw = quantize(weights, gguf.GGMLQuantizationType(qtype))
+    codes, scale, zero = q4_groups(raw, qtype, (48, 96))
+    assert codes.dtype == np.uint8 and codes.max() <= 15 and scale.shape == zero.shape == (48, 3)
+    rebuilt = (codes.astype(np.float32) - 8) * np.repeat(scale, 32, axis=1) + np.repeat(zero, 32, axis=1)
+    np.testing.assert_allclose(rebuilt, dequantize(raw, qtype, (48, 96)), rtol=0, atol=1e-6)
+
+
+def test_every_projection_runs_packed_4_bit_close_to_the_float_load(q4_file: Path, tmp_path: Path) -> None:
+    float_model, _, config = load_model(q4_file, cache_dir=tmp_path)
+    model, _, _ = load_model(q4_file, cache_dir=tmp_path)
+    assert apply_quantization(model, "gguf", q4_file) == 4 * config.num_layers
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.weight.dtype == torch.uint8 and m.group_size == 32 for m in layers)
+    qkv = model.layers[0].self_attn.qkv_proj  # type: ignore[index]
+    assert qkv.weight.shape == (qkv.scales.shape[1], 64 // 2)  # [out, in / 2]: two codes per byte
+    prompt = torch.randint(3, VOCAB, (21,), generator=torch.Generator().manual_seed(0)).tolist()
+    ours = PagedRunner(model, block_size=8).step([(0, prompt)])
+    reference = PagedRunner(float_model, block_size=8).step([(0, prompt)])
+    # bfloat16 activations and scales are the only difference from the float load of the same blocks
+    assert (ours - reference).abs().max() <= 0.02 * reference.abs().max()
+    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+
+
+def test_batch_invariance_and_prefix_caching_are_exact(make_q4: Callable[..., LLMEngine]) -> None:
+    prompts = random_prompts(8, 2, 40, seed=2)
+    batch = tokens(make_q4().generate(prompts, GREEDY))
+    alone = [tokens(make_q4().generate([p], GREEDY))[0] for p in prompts[2:5]]
+    assert batch[2:5] == alone
+
+    shared = random_prompts(1, 40, 40, seed=3)[0]
+    more = [shared + tail for tail in random_prompts(4, 1, 12, seed=4)]
+    cached = make_q4(enable_prefix_caching=True, block_size=8)
+    plain = make_q4(enable_prefix_caching=False, block_size=8)
+    with_cache = cached.generate(more[:1], GREEDY) + cached.generate(more[1:], GREEDY)
+    without = plain.generate(more[:1], GREEDY) + plain.generate(more[1:], GREEDY)
+    assert tokens(with_cache) == tokens(without)
+
+
+def test_an_hf_folder_or_an_already_loaded_model_is_a_clear_error(
+    make_engine: Callable[..., LLMEngine], tiny: dict[str, tuple[Path, Any]]
+) -> None:
+    with pytest.raises(ValueError, match=r"quantization='gguf' needs a \.gguf model file"):
+        LLMEngine(tiny[MODEL][0], quantization="gguf")
+    with pytest.raises(ValueError, match=r"load the model from the \.gguf file"):
+        make_engine(quantization="gguf")
+
+
+def test_a_file_without_4_bit_matrices_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_q4(tmp_path, gguf.GGMLQuantizationType.F16)
+    with pytest.raises(ValueError, match=r"found no Q4_0/Q4_1 matrices it can run in tiny-F16\.gguf"):
+        LLMEngine(path, quantization="gguf", model_cache_dir=tmp_path)
