@@ -29,6 +29,10 @@ from app.jobs.graphs import graph_forms, load_module, trace_item
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
+# A page of fewer items sends one node a message: grouping an item's ready nodes in one message runs them one
+# after another, a good trade when many items keep every worker slot busy (a message costs a worker more than a
+# node's bookkeeping) and a bad one when the item's own parallelism is all there is.
+GROUP_MIN_ITEMS = 16
 # the first page is small so that workers start at once; pages then double up to PAGE_SIZE
 FIRST_PAGE_SIZE = 32
 
@@ -158,7 +162,7 @@ def _dispatch_page(
             for p in item_plans
         )
     refs = tasks_repo.add_node_tasks(session, rows=rows)
-    return messages_of(refs, getattr(dispatcher, "group", 1))
+    return messages_of(refs, getattr(dispatcher, "group", 1) if len(items) >= GROUP_MIN_ITEMS else 1)
 
 
 class _JobError(Exception):

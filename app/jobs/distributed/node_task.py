@@ -92,19 +92,19 @@ def run_node(
     for node_id, attempt in also:
         more = NodeCall(call.job_id, call.item_id, node_id, int(attempt), call.token, call.redelivered)
         ready.extend(_run_one(worker, more, lap)[1])
-    group = getattr(worker.dispatcher, "group", 1)
     chained = 0
     while here is not None and chained < worker.policy.local_chain:
         local = next((ref for ref in ready if ref.queue == here), None)
         if local is None:
             break
-        _send(worker, messages_of([ref for ref in ready if ref is not local], group))
+        _send(worker, [_message(ref) for ref in ready if ref is not local])
         lap("publish")
         chained += 1
         # a fresh token: no message carries this run, so no redelivery can take it over (the sweeper can)
         local_call = NodeCall(local.job_id, local.item_id, local.node_id, local.attempts, f"here:{uuid4().hex}")
         _, ready = _run_one(worker, local_call, lap)
-    _send(worker, messages_of(ready, group))
+    # one message each: dependents sent from here keep their parallelism (they may be all their job has left)
+    _send(worker, [_message(ref) for ref in ready])
     lap("publish")
     return outcome
 

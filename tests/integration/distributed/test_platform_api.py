@@ -88,11 +88,11 @@ def test_jobs_over_http_run_on_workers_with_metrics_and_flower(cluster: Cluster,
         tasks = httpx.get(f"{base}/api/tasks", params={"taskname": "inf.run_node"}, auth=FLOWER_AUTH,
                           timeout=10).json()
         mine = {k: v for k, v in tasks.items() if k.startswith(job_id)}
-        # one message per item: it carries the item's two ready calls, and the verdict they make ready runs in
-        # the same delivery (settings node_group and node_local_chain); the 24 nodes are in the metrics above
-        return mine if len(mine) == 8 else None
+        # a message per extraction; the verdict they make ready runs in the delivery that stored the second one
+        # (settings.node_local_chain), so 16 task messages carried the 24 nodes counted in the metrics above
+        return mine if len(mine) == 16 else None
 
-    tasks = wait_until(node_tasks, 30, "the job's 8 node-task messages in Flower")
+    tasks = wait_until(node_tasks, 30, "the job's 16 node-task messages in Flower")
     assert {t["state"] for t in tasks.values()} == {"SUCCESS"}
     assert {t["worker"] for t in tasks.values()} == {name}
     assert {t["result"] for t in tasks.values()} == {"'stored'"}

@@ -11,12 +11,14 @@ from sqlalchemy import Engine
 
 from app.db import make_session_factory, session_scope
 from app.jobs.distributed import NodeMessage, NodePolicy, Outcome, dispatch_job, run_node, sweep
+from app.jobs.distributed.dispatch import GROUP_MIN_ITEMS
 from app.jobs.service import describe_job
 from tests.support.distributed import ENDPOINTS, ListDispatcher, call_of, make_worker, node_statuses, submit
 from tests.support.fakes import ScriptedLM
 from workers.engine_host import LoopHost
 
 REVIEWS = [{"custom_id": f"r{i}", "input": f"review number {i}: good sound, weak battery"} for i in range(4)]
+MANY = [{"custom_id": f"m{i}", "input": f"review {i}: loud"} for i in range(GROUP_MIN_ITEMS)]
 
 
 @pytest.fixture
@@ -131,23 +133,31 @@ def test_one_message_carries_an_items_ready_nodes_and_the_job_completes_once_eac
     lm = ScriptedLM()
     dispatcher = _Grouping()
     worker = make_worker(committed, dispatcher, lm, host)
-    job_id = submit(sessions, "review-compare", REVIEWS)
+    job_id = submit(sessions, "review-compare", MANY)
 
     sent = dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
 
-    assert sent == 2 * len(REVIEWS)  # nodes sent, in one message per item
+    assert sent == 2 * len(MANY)  # nodes sent, in one message per item
     first_wave = list(dispatcher.pending)
-    assert len(first_wave) == len(REVIEWS) and all(m.nodes == 2 for m in first_wave)
-    assert _deliver_grouped(worker, dispatcher) == [Outcome.STORED] * len(REVIEWS)
+    assert len(first_wave) == len(MANY) and all(m.nodes == 2 for m in first_wave)
+    assert _deliver_grouped(worker, dispatcher) == [Outcome.STORED] * len(MANY)
     assert dispatcher.sent == first_wave  # the verdicts ran where they became ready
     with session_scope(sessions) as session:
         assert describe_job(session, job_id)["status"] == "completed"
-    assert len(lm.calls) == 3 * len(REVIEWS)
-    assert node_statuses(sessions, job_id) == {"done": 4 * len(REVIEWS)}
+    assert len(lm.calls) == 3 * len(MANY)
+    assert node_statuses(sessions, job_id) == {"done": 4 * len(MANY)}
     # the broker gives a grouped message again (its worker died before the ack): nothing runs twice
     again = first_wave[0]
     assert run_node(worker, call_of(again, redelivered=True), also=again.also) is Outcome.ALREADY_DONE
-    assert len(lm.calls) == 3 * len(REVIEWS) and dispatcher.take() == []
+    assert len(lm.calls) == 3 * len(MANY) and dispatcher.take() == []
+
+
+def test_a_small_job_sends_one_node_a_message_to_keep_its_parallelism(committed: Engine, host: LoopHost) -> None:
+    sessions = make_session_factory(committed)
+    dispatcher = _Grouping()
+    job_id = submit(sessions, "review-compare", REVIEWS)
+    assert dispatch_job(sessions, job_id, dispatcher, ENDPOINTS) == 2 * len(REVIEWS)
+    assert len(dispatcher.sent) == 2 * len(REVIEWS) and all(m.also == () for m in dispatcher.sent)
 
 
 def test_a_grouped_message_whose_worker_died_half_way_is_finished_by_its_redelivery(
@@ -157,9 +167,9 @@ def test_a_grouped_message_whose_worker_died_half_way_is_finished_by_its_redeliv
     lm = ScriptedLM()
     dispatcher = _Grouping()
     worker = make_worker(committed, dispatcher, lm, host)
-    job_id = submit(sessions, "review-compare", REVIEWS[:1])
+    job_id = submit(sessions, "review-compare", MANY)
     dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
-    [message] = dispatcher.take()
+    message, *others = dispatcher.take()
     # the first delivery stored the first node and died before the second
     assert run_node(worker, call_of(message)) is Outcome.STORED
     assert len(lm.calls) == 1
@@ -167,6 +177,10 @@ def test_a_grouped_message_whose_worker_died_half_way_is_finished_by_its_redeliv
     assert run_node(worker, call_of(message, redelivered=True), here=message.queue, also=message.also) is (
         Outcome.ALREADY_DONE
     )
+    assert len(lm.calls) == 3 and dispatcher.take() == []
+    assert node_statuses(sessions, job_id)["done"] == 4  # that item's nodes, each stored once
+    dispatcher.pending.extend(others)
+    _deliver_grouped(worker, dispatcher)
     with session_scope(sessions) as session:
         assert describe_job(session, job_id)["status"] == "completed"
-    assert len(lm.calls) == 3 and dispatcher.take() == []
+    assert len(lm.calls) == 3 * len(MANY)
