@@ -20,12 +20,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gguf import GGMLQuantizationType, GGUFReader  # noqa: E402
-from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize
 
-from app.engine.loading import default_model_path  # noqa: E402
-from app.engine.loading.dequant import dequantize  # noqa: E402
+from app.engine.loading import default_model_path
+from app.engine.loading.dequant import dequantize
 
 
 def best_seconds(fn: Callable[[], object], repeats: int) -> float:
