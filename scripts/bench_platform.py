@@ -65,6 +65,7 @@ class Row:
     ideal_s: float
     note: str = ""
     stages: list[dict[str, Any]] = field(default_factory=list)  # per worker: stage timers over the run
+    db: dict[str, float] = field(default_factory=dict)  # PostgreSQL over the run: transactions, server CPU s
 
     @property
     def tasks(self) -> int:
@@ -269,9 +270,9 @@ def platform_run(
             platform.run_job(min(20, items))  # warm-up: imports, connections, the pipeline loaded per process
             if noop is not None:
                 noop(platform)
-            before = platform.stages()
+            before, db_before = platform.stages(), database_load(db_url)
             makespan = platform.run_job(items)
-            after = platform.stages()
+            after, db_after = platform.stages(), database_load(db_url)
             stages = [diff_snapshots(before[name], snap) for name, snap in sorted(after.items()) if name in before]
         finally:
             platform.close()
@@ -282,7 +283,31 @@ def platform_run(
         makespan,
         ideal(items, latency, args.concurrency),
         stages=stages,
+        db={k: db_after[k] - db_before[k] for k in db_after},
     )
+
+
+def database_load(db_url: str) -> dict[str, float]:
+    """The scratch database's committed and rolled-back transactions (its statistics, which backends flush when
+    idle: read after a pause) and the CPU seconds of the local PostgreSQL server's processes (``/proc``; 0 where
+    it is not on this machine). Both include the script's own polls (a few per second)."""
+    time.sleep(1.5)  # backends flush their transaction counts after 1 s idle
+    name = db_url.rsplit("/", 1)[-1]
+    server = db_url.rsplit("/", 1)[0].replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (name,)
+        ).fetchone()
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)
+            if fields[0].endswith("(postgres"):
+                ticks += sum(int(v) for v in fields[1].split()[11:13])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return {"xacts": float(row[0] if row else 0), "pg_cpu_s": ticks / os.sysconf("SC_CLK_TCK")}
 
 
 def peer_run(
@@ -345,6 +370,11 @@ def print_table(title: str, rows: list[Row | str]) -> None:
         )
         for line in breakdown(row):
             print(line)
+        if row.db:
+            print(
+                f"  PostgreSQL: {row.db['xacts'] / row.tasks:.2f} transactions per node, server CPU "
+                f"{row.db['pg_cpu_s'] / row.tasks * 1000:.2f} ms per node (all its processes)"
+            )
 
 
 STAGES = ("claim", "load", "call", "store", "publish")
