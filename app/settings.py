@@ -267,6 +267,11 @@ class Settings(BaseSettings):
         default=4, ge=0, le=64,
         description="Dependents one delivery runs at once when they become ready on its own queue (0: send each)",
     )
+    node_store_group_commit: bool = Field(
+        default=True,
+        description="A worker's task threads share transactions for their node claims and stores on PostgreSQL "
+        "(one committer thread batches them: less server CPU per node, a little more wait per statement)",
+    )
 
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> Settings:

@@ -4,10 +4,12 @@ transaction each.
 
 A node task's claim and store are one statement each; at hundreds of nodes per second the PostgreSQL server
 spends more CPU on the transactions and round trips around them than on the statements, on the same cores as the
-worker. Here the first thread to arrive leads: it runs every statement queued meanwhile (up to ``max_batch``) and
-commits once; the others wait for that commit, so each caller still returns only once its statement is durable
-(as durable as its connection's ``synchronous_commit`` makes any commit). Then the leader hands the lead to the
-next waiting thread, if any, and returns.
+worker. Here callers queue their statement and wait; one committer thread per :class:`GroupCommit` takes
+everything queued (up to ``max_batch``), runs it in one transaction, wakes those callers and at once takes the
+next batch. Each caller still returns only once its own statement is durable (as durable as its connection's
+``synchronous_commit`` makes any commit). A dedicated thread, rather than a caller leading the batch and handing
+the lead to the next caller, because a hand-off costs the next caller's wake-up and a turn on the GIL, which the
+task threads contend for: the batches then went out tens of milliseconds apart.
 
 The statements of a batch must be independent (each correct alone, in any order): they run sorted by their
 ``key`` so that two processes' batches take row locks in one order. If the batch fails (a deadlock with another
@@ -15,11 +17,15 @@ process, a constraint), its transaction rolls back and each statement runs again
 so every caller gets its own result or error. A lost connection fails the whole batch with SQLAlchemy's
 ``OperationalError`` (``connection_invalidated``), as :class:`~app.db.direct.DirectPool` does for one statement:
 callers retry then, and their statements must be idempotent (a commit whose outcome was lost may have happened).
+
+The committer starts with the first statement and stops after ``idle_s`` without any (the next statement starts
+another), or at :meth:`GroupCommit.close`, which runs what is queued first.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,66 +45,87 @@ class _Entry:
     params: dict[str, Any]
     key: tuple[Any, ...]
     done: threading.Event = field(default_factory=threading.Event)
-    lead: bool = False  # set by the previous leader: this thread runs the next batch
     rows: Rows | None = None
     error: BaseException | None = None
 
 
 class GroupCommit:
-    """Runs statements of many threads in shared transactions on ``pool`` (see the module docstring).
-    ``statements`` and ``transactions`` count what it sent (read by tests and benchmarks)."""
+    """Runs statements of many threads in shared transactions on ``pool``, from one committer thread (see the
+    module docstring). ``statements`` and ``transactions`` count what it sent (read by tests and benchmarks)."""
 
-    def __init__(self, pool: DirectPool, *, max_batch: int = 64, leaders: int = 1) -> None:
-        if max_batch < 1 or leaders < 1:
-            raise ValueError("max_batch and leaders must be at least 1")
+    def __init__(self, pool: DirectPool, *, max_batch: int = 64, idle_s: float = 5.0) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        if idle_s < 0:
+            raise ValueError("idle_s must not be negative")
         self._pool = pool
         self._max_batch = max_batch
-        self._leaders = leaders  # batches in flight at once: one alone makes every caller wait for the last
-        self._lock = threading.Lock()
-        self._queue: list[_Entry] = []
-        self._leading = 0
+        self._idle_s = idle_s
+        self._cond = threading.Condition()
+        self._queue: deque[_Entry] = deque()
+        self._committer: threading.Thread | None = None  # running, or None: the next statement starts one
+        self._last: threading.Thread | None = None  # joined by close() even if it stopped idle meanwhile
+        self._closed = False
         self.statements = 0
         self.transactions = 0
+
+    @property
+    def queued(self) -> int:
+        """Statements waiting for the next batch (not those of the batch in flight)."""
+        with self._cond:
+            return len(self._queue)
 
     def execute(self, sql: str, params: dict[str, Any], key: tuple[Any, ...] = ()) -> Rows:
         """The rows of ``sql`` once the transaction that ran it committed (its error if it failed)."""
         entry = _Entry(sql, params, key)
-        with self._lock:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("group commit is closed")
             self._queue.append(entry)
-            lead = self._leading < self._leaders
-            self._leading += lead
-        if not lead:
-            entry.done.wait()
-            lead = entry.lead
-        if lead:
-            self._lead(entry)
+            if self._committer is None:
+                self._committer = self._last = threading.Thread(
+                    target=self._commit_loop, name="group-commit", daemon=True
+                )
+                self._committer.start()
+            else:
+                self._cond.notify()
+        entry.done.wait()
         if entry.error is not None:
             raise entry.error
         assert entry.rows is not None
         return entry.rows
 
-    def _lead(self, entry: _Entry) -> None:
-        """Run one batch (``entry``, this thread's, and the oldest queued), then pass the lead on or give it up."""
-        with self._lock:
-            if entry in self._queue:
-                self._queue.remove(entry)
-            batch = [entry, *self._queue[: self._max_batch - 1]]
-            del self._queue[: self._max_batch - 1]
-        try:
-            self._run(batch)
-        finally:
-            for ran in batch:
-                if ran.rows is None and ran.error is None:  # a bug below must not leave a caller waiting
-                    ran.error = RuntimeError("the batch did not run")
-            with self._lock:
-                successor = self._queue.pop(0) if self._queue else None
-                if successor is None:
-                    self._leading -= 1
-            if successor is not None:
-                successor.lead = True
-                successor.done.set()
-            for ran in batch:
-                ran.done.set()
+    def close(self) -> None:
+        """Run what is queued, stop the committer and wait for it; later statements raise RuntimeError."""
+        with self._cond:
+            self._closed = True
+            thread = self._last
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _next_batch(self) -> list[_Entry] | None:
+        """The oldest queued statements (up to ``max_batch``), once there are any; None: stop (closed or idle)."""
+        with self._cond:
+            while not self._queue:
+                if self._closed or (not self._cond.wait(self._idle_s) and not self._queue):
+                    self._committer = None
+                    return None
+            return [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
+
+    def _commit_loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self._run(batch)
+            except BaseException as exc:  # a bug below must neither leave a caller waiting nor stop the loop
+                for entry in batch:
+                    if entry.rows is None and entry.error is None:
+                        entry.error = exc
+            finally:
+                for entry in batch:
+                    if entry.rows is None and entry.error is None:
+                        entry.error = RuntimeError("the batch did not run")
+                    entry.done.set()
 
     def _run(self, batch: Sequence[_Entry]) -> None:
         if len(batch) == 1:
@@ -125,9 +152,9 @@ class GroupCommit:
             entry.rows = rows
 
     def _count(self, statements: int) -> None:
-        with self._lock:
-            self.transactions += 1
-            self.statements += statements
+        # only the committer writes these (one at a time: a new one starts once the last has stopped taking work)
+        self.transactions += 1
+        self.statements += statements
 
     def _together(self, conn: psycopg.Connection, ordered: Sequence[_Entry]) -> list[Rows]:
         """All statements in one transaction, sent in one pipeline (one round trip, one commit)."""

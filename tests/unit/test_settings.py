@@ -15,6 +15,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = Settings()
     assert settings.database_url is None and settings.redis_url is None
     assert settings.api_keys == [] and settings.log_level == "INFO"
+    assert settings.node_store_group_commit is True
 
 
 def test_environment_overrides_toml_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

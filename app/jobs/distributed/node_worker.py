@@ -62,8 +62,9 @@ class NodeWorker:
     ``resources_for(aliases)``: the endpoints (a ResourceManager); ``submit(coro)``: schedules a coroutine on
     the process's event loop from a task thread and returns its ``concurrent.futures.Future``; ``observe``:
     optional hooks for metrics (node seconds by kind); ``direct``: raw autocommit connections on PostgreSQL,
-    on which the node store runs the common claim and store as one statement each. ``store``: the node store
-    (built from ``sessions`` and ``direct``).
+    on which the node store runs the common claim and store as one statement each; ``group_commit``: the task
+    threads' claims and stores on ``direct`` share transactions (``settings.node_store_group_commit``).
+    ``store``: the node store (built from ``sessions`` and ``direct``).
     """
 
     sessions: sessionmaker[Session]
@@ -73,6 +74,7 @@ class NodeWorker:
     policy: NodePolicy = field(default_factory=NodePolicy)
     observe: Callable[[str, float], None] | None = None
     direct: DirectPool | None = None
+    group_commit: bool = True
     store: NodeStore = field(init=False)
     _modules: dict[str, Any] = field(default_factory=dict)
     _modules_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -80,7 +82,7 @@ class NodeWorker:
     _graphs_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.store = open_node_store(self.sessions, settle_job, self.direct)
+        self.store = open_node_store(self.sessions, settle_job, self.direct, group_commit=self.group_commit)
 
     def graph_for(self, job_id: str, item_id: int, module: Any, item_input: Any) -> InferenceGraph:
         """The item's traced graph. Its nodes usually run one after another in the same worker, so the recent

@@ -104,6 +104,7 @@ def build_node_worker(
     return NodeWorker(
         sessions=make_session_factory(engine),
         direct=direct,
+        group_commit=settings.node_store_group_commit,
         dispatcher=dispatcher,
         resources_for=WorkerResources(settings, on_wait),
         submit=submit,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -56,11 +57,17 @@ def rows(url: str) -> list[int]:
         return [x for (x,) in conn.execute("SELECT x FROM t ORDER BY x")]
 
 
+@pytest.fixture
+def group(db: tuple[str, DirectPool]) -> Iterator[GroupCommit]:
+    group = GroupCommit(db[1], max_batch=8)
+    yield group
+    group.close()
+
+
 def test_concurrent_statements_share_transactions_and_each_caller_gets_its_rows(
-    db: tuple[str, DirectPool],
+    db: tuple[str, DirectPool], group: GroupCommit
 ) -> None:
-    url, pool = db
-    group = GroupCommit(pool, max_batch=8)
+    url, _ = db
     results, errors = in_threads(40, lambda i: group.execute(INSERT, {"x": i % 20}, (i,)))
     assert not errors
     # every statement ran once, in its own caller's name: of two inserts of a value, exactly one returns it
@@ -70,20 +77,77 @@ def test_concurrent_statements_share_transactions_and_each_caller_gets_its_rows(
     assert group.transactions <= 40
 
 
+def test_what_queued_during_a_batch_goes_out_as_the_next_batch(db: tuple[str, DirectPool]) -> None:
+    url, pool = db
+    group = GroupCommit(pool, max_batch=64)
+    try:
+        with psycopg.connect(psycopg_conninfo(url)) as locker:
+            locker.execute("INSERT INTO t (x) VALUES (100)")  # uncommitted: an insert of 100 waits for it
+            first = threading.Thread(target=group.execute, args=(INSERT, {"x": 100}))
+            first.start()
+            while group.statements < 1:  # the committer has taken the first statement and waits on the lock
+                time.sleep(0.005)
+            threads = [threading.Thread(target=group.execute, args=(INSERT, {"x": i}, (i,))) for i in range(20)]
+            for t in threads:
+                t.start()
+            while group.queued < 20:
+                time.sleep(0.005)
+            locker.rollback()
+        first.join()
+        for t in threads:
+            t.join()
+    finally:
+        group.close()
+    assert rows(url) == [*range(20), 100]
+    assert (group.transactions, group.statements) == (2, 21)  # the 20 queued meanwhile: one transaction
+
+
+def test_close_runs_what_is_queued_stops_the_committer_and_refuses_more(db: tuple[str, DirectPool]) -> None:
+    url, pool = db
+    group = GroupCommit(pool)
+    before = set(threading.enumerate())
+    assert group.execute(INSERT, {"x": 1}) == [(1,)]
+    assert [t.name for t in set(threading.enumerate()) - before] == ["group-commit"]  # waits for the next
+    group.close()
+    assert set(threading.enumerate()) <= before  # joined
+    with pytest.raises(RuntimeError):
+        group.execute(INSERT, {"x": 2})
+    group.close()  # twice is fine
+    assert rows(url) == [1]
+
+
+def test_an_idle_committer_stops_and_the_next_statement_starts_another(db: tuple[str, DirectPool]) -> None:
+    _, pool = db
+    group = GroupCommit(pool, idle_s=0.0)
+    try:
+        for x in range(3):
+            assert group.execute(INSERT, {"x": x}) == [(x,)]
+            for t in threading.enumerate():
+                if t.name == "group-commit":
+                    t.join()  # it stops once nothing is queued (idle_s=0)
+    finally:
+        group.close()
+    assert group.transactions == 3
+
+
 def test_a_failing_statement_fails_its_caller_only(db: tuple[str, DirectPool]) -> None:
     url, pool = db
     group = GroupCommit(pool, max_batch=64)
-    # x = -1 breaks the CHECK: its batch rolls back and every statement runs again alone
-    results, errors = in_threads(16, lambda i: group.execute(INSERT, {"x": i - 1}, (i,)))
+    try:
+        # x = -1 breaks the CHECK: its batch rolls back and every statement runs again alone
+        results, errors = in_threads(16, lambda i: group.execute(INSERT, {"x": i - 1}, (i,)))
+    finally:
+        group.close()
     assert set(errors) == {0}
     assert isinstance(errors[0], psycopg.errors.CheckViolation)
     assert sorted(x for r in results.values() for (x,) in r) == list(range(15))  # type: ignore[attr-defined]
     assert rows(url) == list(range(15))
 
 
-def test_a_lost_connection_is_an_invalidated_operational_error(db: tuple[str, DirectPool]) -> None:
+def test_a_lost_connection_is_an_invalidated_operational_error(
+    db: tuple[str, DirectPool], group: GroupCommit
+) -> None:
     url, pool = db
-    group = GroupCommit(pool)
     with pool.connection() as conn:
         victim = conn.info.backend_pid
     with psycopg.connect(psycopg_conninfo(url), autocommit=True) as admin:
@@ -94,8 +158,55 @@ def test_a_lost_connection_is_an_invalidated_operational_error(db: tuple[str, Di
     assert group.execute(INSERT, {"x": 1}) == [(1,)]  # the next batch takes a fresh connection
 
 
-def test_batch_size_and_leaders_must_be_positive(db: tuple[str, DirectPool]) -> None:
+def test_a_lost_connection_fails_every_statement_of_its_batch(db: tuple[str, DirectPool]) -> None:
+    url, pool = db
+    group = GroupCommit(pool, max_batch=64)
+    conninfo = psycopg_conninfo(url)
+    with psycopg.connect(conninfo) as hold_100, psycopg.connect(conninfo) as hold_101:
+        hold_100.execute("INSERT INTO t (x) VALUES (100)")  # uncommitted: holds the first batch
+        hold_101.execute("INSERT INTO t (x) VALUES (101)")  # holds the second, in flight when its backend dies
+        first = threading.Thread(target=group.execute, args=(INSERT, {"x": 100}))
+        first.start()
+        while group.statements < 1:
+            time.sleep(0.005)
+        xs = [101, 1, 2, 3, 4]
+        results, errors = {}, {}
+
+        def run(x: int) -> None:
+            try:
+                results[x] = group.execute(INSERT, {"x": x}, (x,))
+            except BaseException as exc:
+                errors[x] = exc
+
+        threads = [threading.Thread(target=run, args=(x,)) for x in xs]
+        for t in threads:
+            t.start()
+        while group.queued < len(xs):
+            time.sleep(0.005)
+        hold_100.rollback()
+        first.join()
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            waiting: list[tuple[int]] = []
+            while not waiting:  # the batch's backend, blocked on 101
+                waiting = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                ).fetchall()
+            admin.execute("SELECT pg_terminate_backend(%s)", [waiting[0][0]])
+        for t in threads:
+            t.join()
+        hold_101.rollback()
+    try:
+        assert not results and set(errors) == set(xs)
+        assert all(isinstance(e, OperationalError) and e.connection_invalidated for e in errors.values())
+        assert group.execute(INSERT, {"x": 1}) == [(1,)]  # a retry takes a fresh connection
+    finally:
+        group.close()
+    assert (group.transactions, group.statements) == (3, 7)
+    assert rows(url) == [1, 100]
+
+
+def test_batch_size_and_idle_time_must_be_valid(db: tuple[str, DirectPool]) -> None:
     with pytest.raises(ValueError):
         GroupCommit(db[1], max_batch=0)
     with pytest.raises(ValueError):
-        GroupCommit(db[1], leaders=0)
+        GroupCommit(db[1], idle_s=-1)

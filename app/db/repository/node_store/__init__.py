@@ -29,12 +29,17 @@ from app.db.repository.node_tasks import NodeTaskRef
 
 
 def open_node_store(
-    sessions: sessionmaker[Session], settle: JobSettler, direct: DirectPool | None = None
+    sessions: sessionmaker[Session],
+    settle: JobSettler,
+    direct: DirectPool | None = None,
+    *,
+    group_commit: bool = True,
 ) -> NodeStore:
     """The store a worker uses: on ``direct`` (raw autocommit connections to PostgreSQL) when it has them,
-    otherwise on ``sessions``. ``settle`` makes a job terminal when it is due (in the given transaction)."""
+    otherwise on ``sessions``. ``settle`` makes a job terminal when it is due (in the given transaction);
+    ``group_commit``: the task threads' claims and stores on ``direct`` share transactions."""
     if direct is not None:
-        return PsycopgNodeStore(sessions, settle, direct)
+        return PsycopgNodeStore(sessions, settle, direct, group_commit=group_commit)
     return CoreNodeStore(sessions, settle)
 
 

@@ -172,11 +172,12 @@ def _end_params(end: ItemEnd) -> dict[str, Any]:
 class PsycopgNodeStore(CoreNodeStore):
     """:class:`~app.db.repository.node_store.protocol.NodeStore` with its hot operations on ``direct``.
 
-    With ``group_commit`` (the default), the claims and stores that the process's task threads issue at about
+    With ``group_commit``, the claims and stores that the process's task threads issue at about
     the same time share one transaction and round trip (:class:`~app.db.group_commit.GroupCommit`): each caller
     still returns only after its own statement committed, and each statement is correct alone, so the batch
     changes no outcome, only how many transactions the server runs. Claims run first in a batch, then stores,
-    then an item's last stores (which lock the job's row), each by item: one lock order for every worker."""
+    then an item's last stores (which lock the job's row), each by item: one lock order for every worker.
+    :meth:`close` stops its committer thread (which also stops by itself when idle)."""
 
     def __init__(
         self, sessions: sessionmaker[Session], settle: JobSettler, direct: DirectPool, *, group_commit: bool = True
@@ -184,6 +185,10 @@ class PsycopgNodeStore(CoreNodeStore):
         super().__init__(sessions, settle)
         self._direct = direct
         self.group = GroupCommit(direct) if group_commit else None
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
 
     def _rows(self, sql: str, params: dict[str, Any], key: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         if self.group is not None:
