@@ -194,6 +194,7 @@ def worker_native(args: argparse.Namespace, names: list[str]) -> None:
         kv_cache_memory_bytes=int(args.kv_cache_gib * 1024**3),
         max_model_len=args.max_model_len,
         seed=args.seed,
+        kv_cache_dtype=args.kv_cache_dtype,
         **config.engine_options(),
     )
     if args.max_num_batched_tokens:
@@ -299,6 +300,7 @@ def our_commands(args: argparse.Namespace, names: list[str]) -> list[tuple[str, 
     common = ["--workloads", ",".join(names), "--threads", str(args.threads), "--seed", str(args.seed)]
     common += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
     common += ["--ngram-tokens", str(args.ngram_tokens), "--hf-batch-size", str(args.hf_batch_size)]
+    common += ["--kv-cache-dtype", args.kv_cache_dtype]
     if args.max_num_seqs:
         common += ["--max-num-seqs", str(args.max_num_seqs)]
     if args.max_num_batched_tokens:
@@ -455,6 +457,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV-cache budget (ours and vLLM's)")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="ours: the KV cache's dtype (auto = the activations', float32 on CPU; vLLM's bfloat16 column keeps "
+        "its cache in bfloat16)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=None, help="ours (default: the engine's)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="ours (default: the engine's)")
     p.add_argument("--hf-batch-size", type=int, default=64, help="Transformers batch size (left padding)")
