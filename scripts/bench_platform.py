@@ -390,15 +390,17 @@ def breakdown(row: Row) -> list[str]:
         cpu = {s: stages.get(s, [0.0, 0.0, 0])[1] for s in (*STAGES, "task")}
         consumer = snap["threads"].get("consumer", 0.0)
         loop = snap["threads"].get("loop", 0.0)
+        committer = max(0.0, snap["threads"].get("committer", 0.0))  # 0 if it restarted between snapshots
         celery_pool = cpu["task"] - sum(cpu[s] for s in STAGES)  # the task body outside our stages
         # the rest of the process: Celery's task wrapper and ack in the pool threads, other threads (beat of
         # presence, metrics flush), the garbage collector
-        rest = snap["process_cpu_s"] - consumer - loop - cpu["task"]
+        rest = snap["process_cpu_s"] - consumer - loop - committer - cpu["task"]
         share = {
             "consumer (receive, decode, hand over)": consumer,
             "event loop (HTTP call, limiter)": loop,
             **{f"task: {s}": cpu[s] for s in STAGES},
             "task: rest of body": celery_pool,
+            "node store committer (batches of SQL)": committer,
             "Celery pool wrapper, ack, other threads": rest,
         }
         total = snap["process_cpu_s"]

@@ -39,12 +39,20 @@ __all__ = ["GroupCommit"]
 Rows = list[tuple[Any, ...]]
 
 
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 @dataclass(eq=False)
 class _Entry:
     sql: str
     params: dict[str, Any]
     key: tuple[Any, ...]
-    done: threading.Event = field(default_factory=threading.Event)
+    # held until the committer is done with the entry: a bare lock, cheaper than an Event (which wraps a
+    # Condition and its own lock) to create, wait on and set, per statement
+    done: threading.Lock = field(default_factory=_held_lock)
     rows: Rows | None = None
     error: BaseException | None = None
 
@@ -89,7 +97,7 @@ class GroupCommit:
                 self._committer.start()
             else:
                 self._cond.notify()
-        entry.done.wait()
+        entry.done.acquire()
         if entry.error is not None:
             raise entry.error
         assert entry.rows is not None
@@ -125,7 +133,7 @@ class GroupCommit:
                 for entry in batch:
                     if entry.rows is None and entry.error is None:
                         entry.error = RuntimeError("the batch did not run")
-                    entry.done.set()
+                    entry.done.release()
 
     def _run(self, batch: Sequence[_Entry]) -> None:
         if len(batch) == 1:

@@ -50,6 +50,15 @@ class StageClock:
                 threads[role] = time.clock_gettime(time.pthread_getcpuclockid(ident))
             except (OSError, AttributeError):  # the thread ended (or no per-thread clocks here)
                 continue
+        # the node store's committer threads (app.db.group_commit), found by name: the db layer knows no clock
+        committers = [t.ident for t in threading.enumerate() if t.name == "group-commit" and t.ident is not None]
+        for ident in committers:
+            try:
+                threads["committer"] = threads.get("committer", 0.0) + time.clock_gettime(
+                    time.pthread_getcpuclockid(ident)
+                )
+            except (OSError, AttributeError):
+                continue
         return {
             "pid": os.getpid(),
             "process_cpu_s": time.process_time(),

@@ -66,3 +66,18 @@ def test_concurrent_adds_are_not_lost() -> None:
     for t in threads:
         t.join()
     assert clock.snapshot()["stages"]["store"][2] == 8000
+
+
+def test_node_store_committer_threads_report_their_cpu_time() -> None:
+    # the group commit's committer thread is found by its name (the db layer knows no stage clock)
+    clock = StageClock()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="group-commit", daemon=True)
+    thread.start()
+    try:
+        snap = clock.snapshot()
+    finally:
+        stop.set()
+        thread.join()
+    assert snap["threads"]["committer"] >= 0
+    assert "committer" not in clock.snapshot()["threads"]
