@@ -14,7 +14,7 @@ import torch
 import app.engine.kernels.cpu_features as cpu_features
 from app.engine import LLMEngine, SamplingParams
 from app.engine.loading import checkpoint_dtype, load_model
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -73,12 +73,7 @@ def test_batch_invariance(make_bf16: Callable[..., LLMEngine]) -> None:
 
 
 def test_prefix_caching_and_preemption_same_tokens(make_bf16: Callable[..., LLMEngine]) -> None:
-    shared = random_prompts(1, 40, 40, seed=3)[0]
-    prompts = [shared + tail for tail in random_prompts(6, 1, 12, seed=4)]
-    cached = make_bf16(enable_prefix_caching=True, block_size=8)
-    plain = make_bf16(enable_prefix_caching=False, block_size=8)
-    with_cache = cached.generate(prompts[:1], GREEDY) + cached.generate(prompts[1:], GREEDY)
-    without = plain.generate(prompts[:1], GREEDY) + plain.generate(prompts[1:], GREEDY)
+    with_cache, without, _, _ = with_and_without_prefix_cache(make_bf16, GREEDY)
     assert tokens(with_cache) == tokens(without)
     assert all(o.num_cached_tokens == 40 for o in with_cache[1:])
 

@@ -11,7 +11,7 @@ import torch
 
 from app.engine import LLMEngine, SamplingParams
 from tests.unit.engine.models.helpers import hf_greedy
-from tests.unit.engine.runtime.conftest import TINY_NAMES, random_prompts
+from tests.unit.engine.runtime.conftest import TINY_NAMES, random_prompts, with_and_without_prefix_cache
 
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -73,13 +73,7 @@ def test_batch_invariance(name: str, make_engine: Callable[..., LLMEngine]) -> N
 
 
 def test_prefix_caching_same_tokens_and_hits(make_engine: Callable[..., LLMEngine]) -> None:
-    shared = random_prompts(1, 40, 40, seed=3)[0]
-    prompts = [shared + tail for tail in random_prompts(6, 1, 12, seed=4)]
-    cached = make_engine(enable_prefix_caching=True, block_size=8)
-    plain = make_engine(enable_prefix_caching=False, block_size=8)
-    # First one request (fills the cache), then the others (hit it).
-    with_cache = cached.generate(prompts[:1], GREEDY) + cached.generate(prompts[1:], GREEDY)
-    without = plain.generate(prompts[:1], GREEDY) + plain.generate(prompts[1:], GREEDY)
+    with_cache, without, cached, plain = with_and_without_prefix_cache(make_engine, GREEDY)
     assert tokens(with_cache) == tokens(without)
     stats = cached.get_stats()
     assert stats.prefix_cache_hits >= 5 * 40  # every later request reuses the 5 full blocks of the prefix

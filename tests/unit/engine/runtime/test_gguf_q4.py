@@ -18,7 +18,7 @@ from app.engine.loading.dequant import Q4_0, Q4_1, dequantize, q4_groups
 from app.engine.models.layers import Linear
 from tests.unit.engine.models.conftest import VOCAB, build_hf_model
 from tests.unit.engine.models.helpers import PagedRunner, write_tiny_tokenizer
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import quantize  # noqa: E402
@@ -87,12 +87,7 @@ def test_batch_invariance_and_prefix_caching_are_exact(make_q4: Callable[..., LL
     alone = [tokens(make_q4().generate([p], GREEDY))[0] for p in prompts[2:5]]
     assert batch[2:5] == alone
 
-    shared = random_prompts(1, 40, 40, seed=3)[0]
-    more = [shared + tail for tail in random_prompts(4, 1, 12, seed=4)]
-    cached = make_q4(enable_prefix_caching=True, block_size=8)
-    plain = make_q4(enable_prefix_caching=False, block_size=8)
-    with_cache = cached.generate(more[:1], GREEDY) + cached.generate(more[1:], GREEDY)
-    without = plain.generate(more[:1], GREEDY) + plain.generate(more[1:], GREEDY)
+    with_cache, without, _, _ = with_and_without_prefix_cache(make_q4, GREEDY, tails=4)
     assert tokens(with_cache) == tokens(without)
 
 

@@ -14,7 +14,7 @@ from app.engine import LLMEngine, SamplingParams
 from app.engine.loading import load_model
 from app.engine.models.layers import Linear
 from app.engine.models.quantization import quantize_model
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -77,12 +77,7 @@ def test_close_to_float32_and_exact_within_the_mode(
     exact = tokens(make_engine().generate(prompts, GREEDY))
     assert sum(a[0] == b[0] for a, b in zip(batch, exact, strict=True)) >= 12
 
-    shared = random_prompts(1, 40, 40, seed=3)[0]
-    more = [shared + tail for tail in random_prompts(6, 1, 12, seed=4)]
-    cached = make_int8(enable_prefix_caching=True, block_size=8)
-    plain = make_int8(enable_prefix_caching=False, block_size=8)
-    with_cache = cached.generate(more[:1], GREEDY) + cached.generate(more[1:], GREEDY)
-    without = plain.generate(more[:1], GREEDY) + plain.generate(more[1:], GREEDY)
+    with_cache, without, _, _ = with_and_without_prefix_cache(make_int8, GREEDY)
     assert tokens(with_cache) == tokens(without)
 
 
