@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -126,14 +127,19 @@ def _deliver_grouped(worker: object, dispatcher: ListDispatcher) -> list[Outcome
     return outcomes
 
 
-def test_one_message_carries_an_items_ready_nodes_and_the_job_completes_once_each(
-    committed: Engine, host: LoopHost
-) -> None:
+def _grouped_job(committed: Engine, host: LoopHost) -> tuple[Any, ScriptedLM, _Grouping, Any, str]:
+    """A submitted job of MANY items, a grouping dispatcher and a worker that delivers to it."""
     sessions = make_session_factory(committed)
     lm = ScriptedLM()
     dispatcher = _Grouping()
     worker = make_worker(committed, dispatcher, lm, host)
-    job_id = submit(sessions, "review-compare", MANY)
+    return sessions, lm, dispatcher, worker, submit(sessions, "review-compare", MANY)
+
+
+def test_one_message_carries_an_items_ready_nodes_and_the_job_completes_once_each(
+    committed: Engine, host: LoopHost
+) -> None:
+    sessions, lm, dispatcher, worker, job_id = _grouped_job(committed, host)
 
     sent = dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
 
@@ -163,11 +169,7 @@ def test_a_small_job_sends_one_node_a_message_to_keep_its_parallelism(committed:
 def test_a_grouped_message_whose_worker_died_half_way_is_finished_by_its_redelivery(
     committed: Engine, host: LoopHost
 ) -> None:
-    sessions = make_session_factory(committed)
-    lm = ScriptedLM()
-    dispatcher = _Grouping()
-    worker = make_worker(committed, dispatcher, lm, host)
-    job_id = submit(sessions, "review-compare", MANY)
+    sessions, lm, dispatcher, worker, job_id = _grouped_job(committed, host)
     dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
     message, *others = dispatcher.take()
     # the first delivery stored the first node and died before the second
