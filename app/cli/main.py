@@ -254,6 +254,12 @@ def _serve_settings(
         raise fail(message) from None
     if model is not None and not Path(model).expanduser().exists() and settings.backend != "openai":
         raise fail(f"model {model} does not exist (give an HF folder or a .gguf file; nothing is downloaded)")
+    chosen = settings.model
+    if settings.quantization == "gguf" and settings.backend == "native" and chosen and Path(chosen).expanduser().is_dir():
+        raise fail(
+            f"INF_ENGINE_QUANTIZATION=gguf runs a GGUF file's own 4-bit blocks, and {chosen} is a folder: give a "
+            ".gguf model (or none, for the default one), or unset INF_ENGINE_QUANTIZATION"
+        )
     return settings
 
 

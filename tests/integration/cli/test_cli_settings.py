@@ -70,3 +70,13 @@ def test_a_pipeline_module_that_does_not_import_stops_serve_in_one_line(tmp_path
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "INF_ENGINE_PIPELINE_MODULES lists 'no_such_module_here'" in result.stderr.strip().splitlines()[-1]
+
+
+def test_gguf_quantization_of_a_folder_model_stops_serve_in_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "hf-model"
+    folder.mkdir()
+    result = run([*cli(), "serve", str(folder)], tmp_path, INF_ENGINE_QUANTIZATION="gguf")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "INF_ENGINE_QUANTIZATION=gguf runs a GGUF file's own 4-bit blocks" in last and "give a .gguf model" in last
