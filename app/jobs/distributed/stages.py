@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.db.group_commit import retired_committer_cpu_s
+
 __all__ = ["Lap", "StageClock", "clock", "diff_snapshots"]
 
 
@@ -52,13 +54,12 @@ class StageClock:
                 continue
         # the node store's committer threads (app.db.group_commit), found by name: the db layer knows no clock
         committers = [t.ident for t in threading.enumerate() if t.name == "group-commit" and t.ident is not None]
+        threads["committer"] = retired_committer_cpu_s()  # those that stopped, then the live ones
         for ident in committers:
             try:
-                threads["committer"] = threads.get("committer", 0.0) + time.clock_gettime(
-                    time.pthread_getcpuclockid(ident)
-                )
+                threads["committer"] += time.clock_gettime(time.pthread_getcpuclockid(ident))
             except (OSError, AttributeError):
-                continue
+                continue  # it stopped meanwhile: its CPU is in the retired total from now on
         return {
             "pid": os.getpid(),
             "process_cpu_s": time.process_time(),

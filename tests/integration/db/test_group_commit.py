@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from app.db.direct import DirectPool, psycopg_conninfo
-from app.db.group_commit import GroupCommit
+from app.db.group_commit import GroupCommit, retired_committer_cpu_s
 from tests.support.postgres import temporary_database
 
 INSERT = "INSERT INTO t (x) VALUES (%(x)s) ON CONFLICT DO NOTHING RETURNING x"
@@ -119,6 +119,7 @@ def test_close_runs_what_is_queued_stops_the_committer_and_refuses_more(db: tupl
 def test_an_idle_committer_stops_and_the_next_statement_starts_another(db: tuple[str, DirectPool]) -> None:
     _, pool = db
     group = GroupCommit(pool, idle_s=0.0)
+    retired = retired_committer_cpu_s()
     try:
         for x in range(3):
             assert group.execute(INSERT, {"x": x}) == [(x,)]
@@ -128,6 +129,7 @@ def test_an_idle_committer_stops_and_the_next_statement_starts_another(db: tuple
     finally:
         group.close()
     assert group.transactions == 3
+    assert retired_committer_cpu_s() > retired  # a stopped committer's CPU still counts in the benchmark
 
 
 def test_a_failing_statement_fails_its_caller_only(db: tuple[str, DirectPool]) -> None:
