@@ -148,6 +148,10 @@ class Settings(BaseSettings):
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU)"
     )
+    enforce_eager: bool = Field(
+        default=False,
+        description="Native engine on CUDA: run every decode step eagerly instead of replaying CUDA graphs",
+    )
     quantization: Literal["int8", "gguf"] | None = Field(
         default=None,
         description="Native engine: 'int8' = weight-only int8 products (per-channel scales); 'gguf' = run a GGUF "

@@ -61,6 +61,7 @@ sys.path.insert(0, str(PEERS))
 
 from bench_table import OURS, OursConfig, best_rows, format_table, parse_config, parse_configs  # noqa: E402
 from engine_process import EngineProcess  # noqa: E402
+from hf_generate import batched_generate  # noqa: E402
 from workloads import (  # noqa: E402
     DESCRIPTIONS,
     TEXT_IDS_ENV,
@@ -247,34 +248,8 @@ def worker_transformers(args: argparse.Namespace, names: list[str]) -> None:
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     load_s = time.perf_counter() - t0
-    pad_id = 0
     batch_size = args.hf_batch_size
-
-    def run(requests: list[BenchRequest]) -> tuple[float, int]:
-        start = time.perf_counter()
-        produced = 0
-        for i in range(0, len(requests), batch_size):
-            batch = requests[i : i + batch_size]
-            width = max(len(r.prompt_token_ids) for r in batch)
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, r in enumerate(batch):  # left padding
-                n = len(r.prompt_token_ids)
-                ids[row, width - n :] = torch.tensor(r.prompt_token_ids)
-                mask[row, width - n :] = 1
-            new = max(r.max_tokens for r in batch)
-            with torch.inference_mode():
-                out = model.generate(
-                    ids,
-                    attention_mask=mask,
-                    max_new_tokens=new,
-                    min_new_tokens=new,
-                    do_sample=False,
-                    eos_token_id=None,
-                    pad_token_id=pad_id,
-                )
-            produced += sum(min(r.max_tokens, out.shape[1] - width) for r in batch)
-        return time.perf_counter() - start, produced
+    run = batched_generate(model, batch_size)
 
     settings = {
         "threads": args.threads,

@@ -105,7 +105,7 @@ class _DecodeGroup:
 
     rows: torch.Tensor | None  # their query rows in the flat batch; None = all rows, in order
     block_ids: torch.Tensor  # [n * blocks_per_seq] physical blocks to gather
-    mask: torch.Tensor  # [n, 1, 1, width] additive: 0 where a key exists, -inf on padding
+    mask: torch.Tensor  # [n, 1, 1, width] bool: True where a key exists, False on padding
     width: int  # gathered key slots per sequence (blocks_per_seq * block_size)
 
 
@@ -117,6 +117,19 @@ class _DecodeIndex:
     block_tables: torch.Tensor  # [n, blocks] int64, valid block ids (padding points at block 0)
     context_lens: torch.Tensor  # [n] int64: the positions an entry's query sees
     max_context_len: int
+
+
+@dataclass
+class StaticDecode:
+    """A decode-only step laid out in fixed-shape buffers (a CUDA graph replays it): every sequence reads
+    ``width`` key slots through its row of ``block_tables`` and masks those at or past ``context_lens``.
+
+    Its attention is plain tensor work (gather, compare, SDPA) with no host-side indexing, so a graph
+    captured once serves every step whose batch and context fit its shape."""
+
+    block_tables: torch.Tensor  # [B, width // block_size] int64 (padding rows point at a scratch block)
+    context_lens: torch.Tensor  # [B] int64
+    width: int
 
 
 @dataclass
@@ -169,6 +182,8 @@ class AttentionMetadata:
     # Set by the model for the duration of its forward (scratch for gathers); None allocates per call.
     workspace: AttentionWorkspace | None = field(default=None, repr=False)
     decode_index: _DecodeIndex | None = field(init=False, default=None, repr=False)
+    # Set by the CUDA-graph runner: the fixed-shape decode layout its graphs replay (see StaticDecode).
+    static_decode: StaticDecode | None = field(default=None, repr=False)
     prefills: list[_PrefillSeq] = field(init=False, default_factory=list, repr=False)
     _decode_groups: list[_DecodeGroup] | None = field(init=False, default=None, repr=False)
     _cu: list[int] = field(init=False, default_factory=list, repr=False)
@@ -309,10 +324,10 @@ class AttentionMetadata:
             seqs = torch.tensor(group, dtype=torch.long, device=device)
             width = nblocks * bs
             keep = torch.arange(width, device=device)[None, :] < ctx[:, None]
-            # [n, 1, 1, width] broadcasts over kv heads and the grouped query heads.
-            mask = torch.zeros(len(group), 1, 1, width, device=device).masked_fill_(
-                ~keep[:, None, None, :], float("-inf")
-            )
+            # [n, 1, 1, width] broadcasts over kv heads and the grouped query heads. Boolean, not an additive
+            # float32 mask: under bfloat16 queries, CUDA's default SDPA backend read a float32 mask wrongly
+            # (errors of 1-3 in the outputs on an H100, torch 2.11); a bool mask is cast to the query's dtype.
+            mask = keep[:, None, None, :]
             rows = None
             if not (all_in_order and len(group) == self.num_seqs):
                 rows = torch.tensor([self._cu[i] for i in group], dtype=torch.long, device=device)
@@ -409,6 +424,8 @@ def _attend_decodes(
     attend, and whether the output is already complete."""
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, kvh = kv_cache.shape[1], kv_cache.shape[3]
+    if meta.static_decode is not None:
+        return _attend_static_decode(query, kv_cache, meta.static_decode, scale), [], True
     dec = meta.decode_index
     if dec is not None:
         out = query.new_empty(num_tokens, num_heads * head_dim)
@@ -439,6 +456,27 @@ def _attend_decodes(
             result = query.new_empty(num_tokens, num_heads * head_dim)
         result.index_copy_(0, dg.rows, o)
     return result, meta.prefills, False
+
+
+def _attend_static_decode(
+    query: torch.Tensor, kv_cache: torch.Tensor, static: StaticDecode, scale: float
+) -> torch.Tensor:
+    """Every row a decode, in fixed-shape tensors: gather ``width`` slots per sequence, mask past its
+    context on the device, one SDPA call (GQA heads ride in the query axis, as in the decode groups)."""
+    n, num_heads, head_dim = query.shape
+    num_blocks, kvh = kv_cache.shape[1], kv_cache.shape[3]
+    ids = static.block_tables.reshape(-1)
+    k = kv_cache[0].view(num_blocks, -1).index_select(0, ids).view(n, static.width, kvh, head_dim)
+    v = kv_cache[1].view(num_blocks, -1).index_select(0, ids).view(n, static.width, kvh, head_dim)
+    keep = torch.arange(static.width, device=query.device)[None, :] < static.context_lens[:, None]
+    o = F.scaled_dot_product_attention(
+        query.reshape(n, kvh, num_heads // kvh, head_dim),
+        k.transpose(1, 2).to(query.dtype),
+        v.transpose(1, 2).to(query.dtype),
+        attn_mask=keep[:, None, None, :],
+        scale=scale,
+    )
+    return o.reshape(n, num_heads * head_dim)
 
 
 def _attend_prefills(

@@ -105,6 +105,8 @@ class EngineConfig:
     model_cache_dir: str | Path | None = None  # the converted-GGUF cache; None: the settings' data dir
     served_model_name: str | None = None
     warmup: bool = True
+    # True: never replay decode steps from CUDA graphs (vLLM's name); they are used on CUDA otherwise.
+    enforce_eager: bool = False
     # Speculative decoding (vLLM's keys): {"method": "ngram", "num_speculative_tokens": 4, ...} or
     # {"method": "draft_model", "model": PATH_OR_LOADED_MODEL, ...}; a dict, a JSON string or a
     # SpeculativeConfig. None: off.
@@ -277,6 +279,9 @@ class LLMEngine:
             block_size=config.block_size,
             dtype=self.kv_cache_dtype,
             device=device,
+            cuda_graphs=not config.enforce_eager,
+            max_graph_batch=config.max_num_seqs,
+            max_model_len=self.max_model_len,
         )
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
         self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids, max_model_len=self.max_model_len)

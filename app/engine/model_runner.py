@@ -17,6 +17,7 @@ import app.engine.kernels.library as library
 from app.engine.attention import AttentionMetadata, allocate_kv_cache
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
+from app.engine.cuda_graphs import DecodeGraphRunner
 from app.engine.models.base import PagedCausalLM
 
 __all__ = ["ModelRunner", "RunnerTimings", "StepBatch"]
@@ -52,17 +53,34 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        cuda_graphs: bool = False,
+        max_graph_batch: int = 256,
+        max_model_len: int = 2048,
     ) -> None:
+        """``cuda_graphs``: replay decode-only steps of up to ``max_graph_batch`` sequences and
+        ``max_model_len`` tokens from CUDA graphs (on a CUDA device; ignored elsewhere)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = torch.device(device)
+        graphs = cuda_graphs and self.device.type == "cuda"
+        # Graphs pad their batch with rows that write into one scratch block past the block manager's range.
         self.kv_caches = allocate_kv_cache(
-            model.config, num_blocks, block_size, dtype=dtype, device=self.device
+            model.config, num_blocks + int(graphs), block_size, dtype=dtype, device=self.device
         )
         model.bind_kv_cache(self.kv_caches)
+        self.graphs: DecodeGraphRunner | None = None
+        if graphs:
+            self.graphs = DecodeGraphRunner(
+                model,
+                block_size=block_size,
+                max_batch=max_graph_batch,
+                max_blocks=-(-max_model_len // block_size),
+                sink_block=num_blocks,
+                use_graphs=True,
+            )
         self.timings = RunnerTimings()
         # bfloat16 or int8 products run on OpenMP at every size: keep the C kernels on the same threads
         self.openmp_only = model.lm_head_weight().dtype != torch.float32 or any(
@@ -144,6 +162,8 @@ class ModelRunner:
         model = self.model
         if not model.kv_caches or model.kv_caches[0] is not self.kv_caches[0]:
             model.bind_kv_cache(self.kv_caches)  # another runner (engine) shares this model
+        if self.graphs is not None and self.graphs.fits(batch.attn):
+            return self.graphs.run(batch.input_ids, batch.positions, batch.attn, batch.sample_index)
         with torch.inference_mode(), library.openmp_only(self.openmp_only):
             hidden = model(batch.input_ids, batch.positions, batch.attn)
             if batch.sample_index is not None:

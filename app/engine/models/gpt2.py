@@ -89,9 +89,12 @@ class GPT2LMHeadModel(PagedCausalLM):
     ) -> torch.Tensor:
         """Final-norm hidden states ``[T, hidden]`` for a flat batch; writes the new K/V into the bound cache."""
         self._check_inputs(input_ids, positions, attn)
-        if int(positions.max()) >= self.config.max_position_embeddings:
+        # From the metadata, not positions.max(): no device sync, and a CUDA graph's fixed-shape step (whose
+        # runner admits only contexts within max_model_len) is skipped, as its context_lens are placeholders.
+        last = attn.max_context_len - 1
+        if attn.static_decode is None and last >= self.config.max_position_embeddings:
             raise ValueError(
-                f"position {int(positions.max())} beyond GPT-2's {self.config.max_position_embeddings} learned positions"
+                f"position {last} beyond GPT-2's {self.config.max_position_embeddings} learned positions"
             )
         x = self.wte(input_ids).to(self.compute_dtype) + self.wpe(positions)
         for block, cache in zip(self.h, self.kv_caches, strict=True):

@@ -97,6 +97,7 @@ class NativeBackend(LocalBackend):
                 "dtype": settings.dtype,
                 "kv_cache_dtype": settings.kv_cache_dtype,
                 "quantization": settings.quantization,
+                "enforce_eager": settings.enforce_eager,
             },
         )
 
