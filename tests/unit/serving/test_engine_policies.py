@@ -31,6 +31,7 @@ def test_settings_choose_the_policies(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("INF_ENGINE_DTYPE", "bfloat16")
     monkeypatch.setenv("INF_ENGINE_KV_CACHE_DTYPE", "float32")
     monkeypatch.setenv("INF_ENGINE_QUANTIZATION", "int8")
+    monkeypatch.setenv("INF_ENGINE_ENFORCE_EAGER", "true")
     backend = NativeBackend.from_settings(Settings())
     assert backend.engine_kwargs == {
         "kv_cache_eviction_policy": "lfu",
@@ -40,6 +41,7 @@ def test_settings_choose_the_policies(tmp_path: Path, monkeypatch: pytest.Monkey
         "dtype": "bfloat16",
         "kv_cache_dtype": "float32",
         "quantization": "int8",
+        "enforce_eager": True,
     }
 
 
