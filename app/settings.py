@@ -263,13 +263,14 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="Seconds between two runs of the sweeper (a beat task)"
     )
     node_group: int = Field(
-        default=4, ge=1, le=64,
-        description="Ready nodes of one item (same queue and priority) one node-task message may carry; a worker "
-        "runs them one after another",
+        default=8, ge=1, le=64,
+        description="Ready nodes of one job (same queue and priority; of a job of 16 items or more) one node-task "
+        "message may carry; a worker runs them together (its calls in flight stay within --concurrency)",
     )
     node_local_chain: int = Field(
         default=4, ge=0, le=64,
-        description="Dependents one delivery runs at once when they become ready on its own queue (0: send each)",
+        description="Rounds of dependents one delivery runs at once when they become ready on its own queue (0: "
+        "send each)",
     )
     node_store_group_commit: bool = Field(
         default=True,

@@ -14,6 +14,7 @@ from app.jobs.distributed.transport.celery_config import RedisNotConfiguredError
 from app.settings import Settings, exit_on_bad_settings, get_settings
 from workers import (
     observability,  # noqa: F401  (JSON logs with task and job ids, worker presence)
+    runtime,  # noqa: F401  (the pool size, which caps the node calls in flight)
     stages_control,  # noqa: F401  (inf_stages: per-stage node timers for the benchmark)
 )
 from workers.beat import beat_schedule

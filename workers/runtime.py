@@ -8,6 +8,7 @@ import os
 import threading
 from typing import Any
 
+from celery.signals import celeryd_after_setup
 from redis import Redis
 
 from app.db import SessionFactory
@@ -23,6 +24,18 @@ log = logging.getLogger(__name__)
 _lock = threading.RLock()
 _worker: NodeWorker | None = None
 _sweeper: tuple[SessionFactory, CeleryDispatcher, Endpoints, NodePolicy] | None = None
+# node calls one process runs at once: the worker's task threads (set when the worker starts; 0 = no cap)
+_max_calls = 0
+
+
+@celeryd_after_setup.connect
+def _remember_pool(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    """A message's nodes run together, so the task threads alone no longer bound the calls in flight: cap them
+    at ``--concurrency`` per process for a thread pool, as before; a prefork child runs one task, so one call."""
+    global _max_calls
+    pool = str(getattr(instance, "pool_cls", "") or "").lower()
+    threads = any(kind in pool for kind in ("thread", "gevent", "eventlet", "solo"))
+    _max_calls = int(getattr(instance, "concurrency", 0) or 0) if threads else 1
 
 
 def _reset_after_fork() -> None:
@@ -56,6 +69,7 @@ def node_worker() -> NodeWorker:
                     get_host().submit,
                     observe=_quietly(recorder.node_finished),
                     on_wait=_quietly(recorder.rate_limit_wait),
+                    max_calls=_max_calls,
                 )
     return _worker
 

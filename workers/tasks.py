@@ -38,16 +38,16 @@ DB_DOWN = DATABASE_UNAVAILABLE
 def run_node_task(
     self: Any, job_id: str, item_id: int, node_id: str, attempt: int, also: list[list[Any]] | None = None
 ) -> str:
-    """Run one node of one item, then ``also`` (``[node_id, attempt]`` pairs of the same item) when the message
-    carries more (a re-delivered task whose results are stored does nothing)."""
+    """Run one node of one item, together with ``also`` when the message carries more (``[node_id, attempt]`` of
+    the same item, ``[node_id, attempt, item_id]`` of another); a re-delivered task whose results are stored
+    does nothing."""
     request = self.request
     redelivered = bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
     call = NodeCall(job_id, int(item_id), node_id, int(attempt), token=request.id, redelivered=redelivered)
     lap = Lap(stage_clock)
     # the queue it came from (routing key = queue name): dependents ready on it may run here at once
     here = (request.delivery_info or {}).get("routing_key") or None
-    pairs = [(str(n), int(a)) for n, a in also or []]
-    outcome = run_node(node_worker(), call, here=here, also=pairs).value
+    outcome = run_node(node_worker(), call, here=here, also=[tuple(extra) for extra in also or []]).value
     lap("task")  # the whole body: the benchmark subtracts the stages inside it
     return outcome
 

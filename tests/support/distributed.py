@@ -66,6 +66,7 @@ def make_worker(
     host: LoopHost,
     policy: NodePolicy | None = None,
     fast: bool = True,
+    max_calls: int = 0,
 ) -> NodeWorker:
     """A worker on ``engine``; ``fast``: the one-statement claim and store on autocommit connections (what a
     worker on PostgreSQL uses), else the portable multi-statement transactions."""
@@ -76,6 +77,7 @@ def make_worker(
         submit=host.submit,
         policy=policy or NodePolicy(lease_s=30.0, stale_s=5.0, retry_delay_s=0.0),
         direct=DirectPool(engine.url.render_as_string(hide_password=False)) if fast else None,
+        max_calls=max_calls,
     )
 
 

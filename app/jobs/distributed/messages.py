@@ -14,8 +14,9 @@ from app.pipeline.resources.config import EndpointConfig, ResourceConfig
 class NodeMessage:
     """One node task to send: primitive ids only. ``attempt`` makes the task id (job, item, node, attempt), so
     sending the same attempt twice is visible as such; ``countdown`` delays it (a retry's backoff). ``also``: more
-    ready nodes of the same item, queue and priority, ``(node_id, attempt)`` each, that the same delivery runs
-    after the first one (a message costs a worker more than a node's own bookkeeping)."""
+    ready nodes of the same job, queue and priority that the same delivery runs together with the first one (a
+    message costs a worker more than a node's own bookkeeping): ``(node_id, attempt)`` of the first node's item,
+    ``(node_id, attempt, item_id)`` of another item."""
 
     job_id: str
     item_id: int
@@ -24,7 +25,7 @@ class NodeMessage:
     queue: str
     priority: int
     countdown: float = 0.0
-    also: tuple[tuple[str, int], ...] = ()
+    also: tuple[tuple[str, int] | tuple[str, int, int], ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -32,7 +33,7 @@ class NodeMessage:
 
 
 class Dispatcher(Protocol):
-    """A transport. It may set ``group`` (an int attribute): how many ready nodes of one item one message may
+    """A transport. It may set ``group`` (an int attribute): how many ready nodes of one job one message may
     carry (1, or no such attribute: one node a message)."""
 
     def route(

@@ -24,12 +24,12 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 from uuid import uuid4
 
 from app.db import utcnow
@@ -47,7 +47,6 @@ __all__ = ["NodeCall", "NodePolicy", "NodeWorker", "Outcome", "message_of", "run
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 MAX_RETRY_DELAY_S = 60.0
 
 
@@ -73,61 +72,126 @@ _REFUSED = {
 
 
 def run_node(
-    worker: NodeWorker, call: NodeCall, *, here: str | None = None, also: Sequence[tuple[str, int]] = ()
+    worker: NodeWorker, call: NodeCall, *, here: str | None = None, also: Sequence[Sequence[Any]] = ()
 ) -> Outcome:
     """Claim, run and store one node, then send the nodes that became ready (see the module docstring).
 
-    ``here``: the queue this delivery came from. A dependent that becomes ready on that queue runs in this task at
-    once (claimed and stored in PostgreSQL as usual) instead of taking a round trip through the broker: this
-    worker consumes that queue, and a message costs the worker more than most nodes do. Until its claim, the
-    dependent is queued in PostgreSQL with a deadline, so the sweeper sends it if this worker dies meanwhile.
-    At most ``policy.local_chain`` nodes run this way per delivery, so one message never holds a thread long.
+    ``also``: the message's other nodes, ``(node_id, attempt)`` of the same item or ``(node_id, attempt,
+    item_id)`` of another item of the job. They run under the same token, so a re-delivery of this message
+    takes over their claims as it does the first one's. All of them run at once: each is claimed and its call
+    handed to the event loop in turn, then each is stored as its call returns.
 
-    ``also``: the message's other nodes (``(node_id, attempt)``, same item), run one after another under the same
-    token, so a re-delivery of this message takes over their claims as it does the first one's. Returns the
-    first node's outcome.
+    ``here``: the queue this delivery came from. Dependents that become ready on that queue run in this task at
+    once (claimed and stored in PostgreSQL as usual, together as above) instead of taking a round trip through
+    the broker: this worker consumes that queue, and a message costs the worker more than most nodes do. Until
+    its claim, a dependent is queued in PostgreSQL with a deadline, so the sweeper sends it if this worker dies
+    meanwhile. At most ``policy.local_chain`` rounds of dependents run this way per delivery, so one message
+    never holds a thread long. Returns the first node's outcome.
     """
     lap = Lap(clock)  # per-stage timers (two clock reads a stage), read by the platform benchmark
-    outcome, ready = _run_one(worker, call, lap)
-    for node_id, attempt in also:
-        more = NodeCall(call.job_id, call.item_id, node_id, int(attempt), call.token, call.redelivered)
-        ready.extend(_run_one(worker, more, lap)[1])
-    chained = 0
-    while here is not None and chained < worker.policy.local_chain:
-        local = next((ref for ref in ready if ref.queue == here), None)
-        if local is None:
+    calls = [call, *(_also_call(call, extra) for extra in also)]
+    outcomes, ready = _run_round(worker, calls, lap)
+    for _ in range(worker.policy.local_chain if here is not None else 0):
+        local = [ref for ref in ready if ref.queue == here]
+        if not local:
             break
-        _send(worker, [_message(ref) for ref in ready if ref is not local])
+        _send(worker, [_message(ref) for ref in ready if ref.queue != here])
         lap("publish")
-        chained += 1
-        # a fresh token: no message carries this run, so no redelivery can take it over (the sweeper can)
-        local_call = NodeCall(local.job_id, local.item_id, local.node_id, local.attempts, f"here:{uuid4().hex}")
-        _, ready = _run_one(worker, local_call, lap)
+        # fresh tokens: no message carries these runs, so no redelivery can take them over (the sweeper can)
+        _, ready = _run_round(
+            worker,
+            [NodeCall(r.job_id, r.item_id, r.node_id, r.attempts, f"here:{uuid4().hex}") for r in local],
+            lap,
+        )
     # one message each: dependents sent from here keep their parallelism (they may be all their job has left)
     _send(worker, [_message(ref) for ref in ready])
     lap("publish")
-    return outcome
+    return outcomes[0]
 
 
-def _run_one(worker: NodeWorker, call: NodeCall, lap: Lap) -> tuple[Outcome, list[NodeTaskRef]]:
-    """Claim, run and store one node; returns what it did and the nodes that became ready (not sent yet)."""
-    claimed = _claim(worker, call, lap)
-    if isinstance(claimed, Outcome):
-        return claimed, []
-    item, attempts = claimed
-    node = item.graph.nodes[call.node_id]
-    start = time.perf_counter()
+def _also_call(call: NodeCall, extra: Sequence[Any]) -> NodeCall:
+    item_id = int(extra[2]) if len(extra) > 2 else call.item_id
+    return NodeCall(call.job_id, item_id, str(extra[0]), int(extra[1]), call.token, call.redelivered)
+
+
+@dataclass
+class _Running:
+    """A claimed node whose call runs on the event loop."""
+
+    index: int  # its place in the round's calls
+    call: NodeCall
+    item: ItemGraph
+    attempts: int
+    future: concurrent.futures.Future[TaskResult]
+    start: float
+
+
+def _run_round(
+    worker: NodeWorker, calls: Sequence[NodeCall], lap: Lap
+) -> tuple[list[Outcome], list[NodeTaskRef]]:
+    """Claim each node and start its call, then store each result as it comes; returns every node's outcome
+    (in ``calls`` order) and the nodes that became ready (not sent yet)."""
+    outcomes: list[Outcome] = [Outcome.STORED] * len(calls)
+    running: list[_Running] = []
+    for index, node_call in enumerate(calls):
+        worker.take_call_slot()
+        try:
+            claimed = _claim(worker, node_call, lap)
+            if isinstance(claimed, Outcome):
+                outcomes[index] = claimed
+                worker.give_call_slot()
+                continue
+            item, attempts = claimed
+            future = worker.submit(_execute(worker, item, node_call.node_id, attempts))
+        except BaseException:
+            worker.give_call_slot()
+            raise
+        future.add_done_callback(lambda _: worker.give_call_slot())
+        running.append(_Running(index, node_call, item, attempts, future, time.perf_counter()))
+    ready: list[NodeTaskRef] = []
+    for done in _as_completed(worker, running):
+        outcomes[done.index], refs = _finish(worker, done, lap)
+        ready.extend(refs)
+    return outcomes, ready
+
+
+def _as_completed(worker: NodeWorker, running: list[_Running]) -> Iterator[_Running]:
+    """The running nodes as their calls return, renewing the leases of those still running every third of a
+    lease (from this task thread, so the event loop does no bookkeeping for them): the sweeper leaves a live
+    node alone."""
+    pending = {r.future: r for r in running}
+    period = worker.policy.lease_s / 3
+    while pending:
+        done, _ = concurrent.futures.wait(pending, timeout=period, return_when=concurrent.futures.FIRST_COMPLETED)
+        if not done:
+            for r in pending.values():
+                _renew(worker, r.call)
+            continue
+        for future in done:
+            yield pending.pop(future)
+
+
+def _renew(worker: NodeWorker, call: NodeCall) -> None:
     try:
-        result = _leased(worker, call, worker.submit(_execute(worker, item, call.node_id, attempts)))
+        deadline = utcnow() + timedelta(seconds=worker.policy.lease_s)
+        worker.store.renew(item_id=call.item_id, node_id=call.node_id, token=call.token, deadline=deadline)
+    except Exception as exc:  # the database is away: the lease may lapse, and a re-run is harmless
+        log.warning("cannot renew the lease of %s: %s", call.token, exc)
+
+
+def _finish(worker: NodeWorker, r: _Running, lap: Lap) -> tuple[Outcome, list[NodeTaskRef]]:
+    """Store a returned call's result (or retry or fail the node on its error)."""
+    try:
+        result = r.future.result()
     except TransientError as exc:
-        return _retry_or_fail(worker, call, item, attempts, exc), []
+        return _retry_or_fail(worker, r.call, r.item, r.attempts, exc), []
     except Exception as exc:  # the node's own error: the item fails with it (errors are data)
-        _fail(worker, call, _node_error(call.node_id, exc))
+        _fail(worker, r.call, _node_error(r.call.node_id, exc))
         return Outcome.FAILED, []
     if worker.observe is not None:
-        worker.observe(node.kind, time.perf_counter() - start)
+        worker.observe(r.item.graph.nodes[r.call.node_id].kind, time.perf_counter() - r.start)
     lap("call")
-    ready = store_result(worker, item, result)
+    ready = store_result(worker, r.item, result)
     lap("store")
     return Outcome.STORED, ready
 
@@ -188,23 +252,6 @@ async def _execute(worker: NodeWorker, item: ItemGraph, node_id: str, attempt: i
                 raise
 
 
-def _leased(worker: NodeWorker, call: NodeCall, future: concurrent.futures.Future[T]) -> T:
-    """Wait for the node's coroutine while renewing its lease every third of it (from this task thread, so the
-    event loop does no bookkeeping for it), so the sweeper leaves a live node alone."""
-    period = worker.policy.lease_s / 3
-    while True:
-        try:
-            return future.result(timeout=period)
-        except concurrent.futures.TimeoutError:
-            try:
-                deadline = utcnow() + timedelta(seconds=worker.policy.lease_s)
-                worker.store.renew(
-                    item_id=call.item_id, node_id=call.node_id, token=call.token, deadline=deadline
-                )
-            except Exception as exc:  # the database is away: the lease may lapse, and a re-run is harmless
-                log.warning("cannot renew the lease of %s: %s", call.token, exc)
-
-
 def _retry_or_fail(
     worker: NodeWorker, call: NodeCall, item: ItemGraph, attempts: int, exc: Exception
 ) -> Outcome:
@@ -260,17 +307,21 @@ def _message(ref: NodeTaskRef, countdown: float = 0.0) -> NodeMessage:
 
 
 def messages_of(refs: Sequence[NodeTaskRef], group: int = 1) -> list[NodeMessage]:
-    """The messages that send ``refs``: up to ``group`` ready nodes of one item, queue and priority share one."""
+    """The messages that send ``refs``: up to ``group`` ready nodes of one job, queue and priority share one
+    (an item's nodes side by side; a node of another item than the message's first names its item)."""
     if group <= 1:
         return [_message(ref) for ref in refs]
-    groups: dict[tuple[int, str, int], list[NodeTaskRef]] = {}
-    for ref in refs:
-        groups.setdefault((ref.item_id, ref.queue, ref.priority), []).append(ref)
+    groups: dict[tuple[str, str, int], list[NodeTaskRef]] = {}
+    for ref in sorted(refs, key=lambda r: r.item_id):
+        groups.setdefault((ref.job_id, ref.queue, ref.priority), []).append(ref)
     messages = []
     for members in groups.values():
         for start in range(0, len(members), group):
             first, *rest = members[start : start + group]
-            also = tuple((r.node_id, r.attempts) for r in rest)
+            also = tuple(
+                (r.node_id, r.attempts) if r.item_id == first.item_id else (r.node_id, r.attempts, r.item_id)
+                for r in rest
+            )
             messages.append(replace(_message(first), also=also))
     return messages
 

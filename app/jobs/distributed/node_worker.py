@@ -38,7 +38,7 @@ class NodePolicy:
     # a queued node overdue this long is sent again even while its queue has a backlog (a lost message must
     # not wait for the queue to drain; a duplicate only finds the node running or done)
     resend_after_s: float = 3600.0
-    # dependents one delivery runs on the spot when they become ready on its own queue (0: send every one)
+    # rounds of dependents one delivery runs on the spot when they become ready on its own queue (0: send each)
     local_chain: int = 4
 
 
@@ -61,7 +61,9 @@ class NodeWorker:
 
     ``resources_for(aliases)``: the endpoints (a ResourceManager); ``submit(coro)``: schedules a coroutine on
     the process's event loop from a task thread and returns its ``concurrent.futures.Future``; ``observe``:
-    optional hooks for metrics (node seconds by kind); ``direct``: raw autocommit connections on PostgreSQL,
+    optional hooks for metrics (node seconds by kind); ``max_calls``: node calls this process runs at once (0: no
+    cap; a message's nodes run together, so the threads alone no longer bound them); ``direct``: raw autocommit
+    connections on PostgreSQL,
     on which the node store runs the common claim and store as one statement each; ``group_commit``: the task
     threads' claims and stores on ``direct`` share transactions (``settings.node_store_group_commit``).
     ``store``: the node store (built from ``sessions`` and ``direct``).
@@ -73,6 +75,7 @@ class NodeWorker:
     submit: Callable[[Coroutine[Any, Any, Any]], concurrent.futures.Future[Any]]
     policy: NodePolicy = field(default_factory=NodePolicy)
     observe: Callable[[str, float], None] | None = None
+    max_calls: int = 0
     direct: DirectPool | None = None
     group_commit: bool = True
     store: NodeStore = field(init=False)
@@ -83,6 +86,17 @@ class NodeWorker:
 
     def __post_init__(self) -> None:
         self.store = open_node_store(self.sessions, settle_job, self.direct, group_commit=self.group_commit)
+        self._call_slots = threading.BoundedSemaphore(self.max_calls) if self.max_calls > 0 else None
+
+    def take_call_slot(self) -> None:
+        """Wait (in a task thread) while ``max_calls`` node calls run. Taken before the claim, so a node is
+        claimed only when its call can start: a cancelled job's claimed nodes are the few already calling."""
+        if self._call_slots is not None:
+            self._call_slots.acquire()
+
+    def give_call_slot(self) -> None:
+        if self._call_slots is not None:
+            self._call_slots.release()
 
     def graph_for(self, job_id: str, item_id: int, module: Any, item_input: Any) -> InferenceGraph:
         """The item's traced graph. Its nodes usually run one after another in the same worker, so the recent

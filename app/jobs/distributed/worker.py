@@ -87,6 +87,7 @@ def build_node_worker(
     *,
     observe: Callable[[str, float], None] | None = None,
     on_wait: WaitHook | None = None,
+    max_calls: int = 0,
 ) -> NodeWorker:
     url = database_url(settings)
     # Connections are held for one statement or one short transaction, so a few serve many task threads (a
@@ -110,4 +111,5 @@ def build_node_worker(
         submit=submit,
         policy=node_policy(settings),
         observe=observe,
+        max_calls=max_calls,
     )

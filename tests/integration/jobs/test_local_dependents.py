@@ -3,6 +3,7 @@ stored in PostgreSQL as usual), instead of a broker round trip; on a real Postgr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -117,7 +118,7 @@ def test_a_dependent_left_queued_by_a_dead_worker_is_sent_by_the_sweeper(committ
 
 
 class _Grouping(ListDispatcher):
-    group = 4  # ready nodes of one item per message, as the Celery dispatcher of a worker sends them
+    group = 4  # ready nodes of one job per message, as the Celery dispatcher of a worker sends them
 
 
 def _deliver_grouped(worker: object, dispatcher: ListDispatcher) -> list[Outcome]:
@@ -127,26 +128,29 @@ def _deliver_grouped(worker: object, dispatcher: ListDispatcher) -> list[Outcome
     return outcomes
 
 
-def _grouped_job(committed: Engine, host: LoopHost) -> tuple[Any, ScriptedLM, _Grouping, Any, str]:
+def _grouped_job(
+    committed: Engine, host: LoopHost, latency: float = 0.0, max_calls: int = 0
+) -> tuple[Any, ScriptedLM, _Grouping, Any, str]:
     """A submitted job of MANY items, a grouping dispatcher and a worker that delivers to it."""
     sessions = make_session_factory(committed)
-    lm = ScriptedLM()
+    lm = ScriptedLM(latency=latency)
     dispatcher = _Grouping()
-    worker = make_worker(committed, dispatcher, lm, host)
+    worker = make_worker(committed, dispatcher, lm, host, max_calls=max_calls)
     return sessions, lm, dispatcher, worker, submit(sessions, "review-compare", MANY)
 
 
-def test_one_message_carries_an_items_ready_nodes_and_the_job_completes_once_each(
+def test_one_message_carries_ready_nodes_of_several_items_and_the_job_completes_once_each(
     committed: Engine, host: LoopHost
 ) -> None:
     sessions, lm, dispatcher, worker, job_id = _grouped_job(committed, host)
 
     sent = dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
 
-    assert sent == 2 * len(MANY)  # nodes sent, in one message per item
+    assert sent == 2 * len(MANY)  # nodes sent: the two ready nodes of two items a message
     first_wave = list(dispatcher.pending)
-    assert len(first_wave) == len(MANY) and all(m.nodes == 2 for m in first_wave)
-    assert _deliver_grouped(worker, dispatcher) == [Outcome.STORED] * len(MANY)
+    assert len(first_wave) == len(MANY) // 2 and all(m.nodes == 4 for m in first_wave)
+    assert all(len(m.also[1]) == 3 and m.also[1][2] == m.item_id + 1 for m in first_wave)  # names its item
+    assert _deliver_grouped(worker, dispatcher) == [Outcome.STORED] * len(first_wave)
     assert dispatcher.sent == first_wave  # the verdicts ran where they became ready
     with session_scope(sessions) as session:
         assert describe_job(session, job_id)["status"] == "completed"
@@ -156,6 +160,27 @@ def test_one_message_carries_an_items_ready_nodes_and_the_job_completes_once_eac
     again = first_wave[0]
     assert run_node(worker, call_of(again, redelivered=True), also=again.also) is Outcome.ALREADY_DONE
     assert len(lm.calls) == 3 * len(MANY) and dispatcher.take() == []
+
+
+def test_a_messages_nodes_run_together_within_the_workers_call_cap(committed: Engine, host: LoopHost) -> None:
+    """The four calls of a message are in flight at once, then the two verdicts they make ready; a worker
+    capped at two calls at once never has more."""
+    sessions, lm, dispatcher, worker, job_id = _grouped_job(committed, host, latency=0.3)
+    dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
+    message = dispatcher.take()[0]
+    start = time.perf_counter()
+    assert run_node(worker, call_of(message), here=message.queue, also=message.also) is Outcome.STORED
+    elapsed = time.perf_counter() - start
+    assert len(lm.calls) == 6 and lm.peak_in_flight == 4
+    assert elapsed < 4 * 0.3  # two rounds of calls, not six calls one after another
+    assert node_statuses(sessions, job_id)["done"] == 8  # both items' nodes
+
+    capped_sessions, capped_lm, capped_dispatcher, capped, capped_job = _grouped_job(
+        committed, host, latency=0.05, max_calls=2
+    )
+    dispatch_job(capped_sessions, capped_job, capped_dispatcher, ENDPOINTS)
+    _deliver_grouped(capped, capped_dispatcher)
+    assert len(capped_lm.calls) == 3 * len(MANY) and capped_lm.peak_in_flight == 2
 
 
 def test_a_small_job_sends_one_node_a_message_to_keep_its_parallelism(committed: Engine, host: LoopHost) -> None:
@@ -172,15 +197,15 @@ def test_a_grouped_message_whose_worker_died_half_way_is_finished_by_its_redeliv
     sessions, lm, dispatcher, worker, job_id = _grouped_job(committed, host)
     dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
     message, *others = dispatcher.take()
-    # the first delivery stored the first node and died before the second
+    # the first delivery stored the first node and died before the others
     assert run_node(worker, call_of(message)) is Outcome.STORED
     assert len(lm.calls) == 1
-    # the re-delivery finds the first stored, runs the second, then the dependent it makes ready
+    # the re-delivery finds the first stored, runs the other three (two items), then the verdicts they make ready
     assert run_node(worker, call_of(message, redelivered=True), here=message.queue, also=message.also) is (
         Outcome.ALREADY_DONE
     )
-    assert len(lm.calls) == 3 and dispatcher.take() == []
-    assert node_statuses(sessions, job_id)["done"] == 4  # that item's nodes, each stored once
+    assert len(lm.calls) == 6 and dispatcher.take() == []
+    assert node_statuses(sessions, job_id)["done"] == 8  # those two items' nodes, each stored once
     dispatcher.pending.extend(others)
     _deliver_grouped(worker, dispatcher)
     with session_scope(sessions) as session:

@@ -1,4 +1,5 @@
-"""Grouping ready nodes into node-task messages: one item, queue and priority per message, up to ``group``."""
+"""Grouping ready nodes into node-task messages: one job, queue and priority per message, up to ``group``; an
+item's nodes side by side, and a node of another item than the first names its item."""
 
 from __future__ import annotations
 
@@ -16,16 +17,20 @@ def test_one_node_a_message_without_grouping() -> None:
     assert [(m.node_id, m.also) for m in messages] == [("a", ()), ("b", ())]
 
 
-def test_nodes_of_one_item_queue_and_priority_share_a_message() -> None:
+def test_nodes_of_one_queue_and_priority_share_a_message_across_items() -> None:
     refs = [_ref(1, "a"), _ref(2, "a"), _ref(1, "b", attempts=2), _ref(1, "c", queue="q.cpu"), _ref(1, "d", priority=3)]
     messages = messages_of(refs, group=4)
     assert [(m.item_id, m.node_id, m.also, m.queue, m.priority) for m in messages] == [
-        (1, "a", (("b", 2),), "q.llm", 5),
-        (2, "a", (), "q.llm", 5),
+        (1, "a", (("b", 2), ("a", 0, 2)), "q.llm", 5),
         (1, "c", (), "q.cpu", 5),
         (1, "d", (), "q.llm", 3),
     ]
     assert sum(m.nodes for m in messages) == len(refs)
+
+
+def test_jobs_never_share_a_message() -> None:
+    refs = [_ref(1, "a"), NodeTaskRef("other", 2, "a", 0, "q.llm", 5)]
+    assert [m.job_id for m in messages_of(refs, group=4)] == ["job", "other"]
 
 
 def test_a_group_holds_at_most_group_nodes() -> None:
