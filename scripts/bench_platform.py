@@ -15,6 +15,7 @@ scripts/setup_peers.sh; skipped when missing) on the same workload.
     INF_ENGINE_REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python scripts/bench_platform.py
     .venv/bin/python scripts/bench_platform.py --dispatch-items 200 --latency-items 60 --latency-ms 200 \\
         --noop-tasks 300 --workers 1      # a quick check
+    .venv/bin/python scripts/bench_platform.py --workers 1 --py-spy   # + a py-spy profile of the worker
 
 Needs PostgreSQL (``--postgres``, a server URL without a database: a scratch database is created and dropped)
 and Redis (``--redis``; keys under a scratch prefix, deleted at the end).
@@ -49,6 +50,7 @@ from sqlalchemy import text  # noqa: E402
 from app.jobs.distributed.stages import diff_snapshots  # noqa: E402
 from app.testing.fake_llm_server import start_fake_server_process, stop_fake_server_process  # noqa: E402
 from scripts.peers.bare_aiohttp_fanout import make_inputs  # noqa: E402
+from scripts.peers.pyspy_profile import recording, summarize  # noqa: E402
 
 PIPELINE = "scripts.peers.inf_engine_fanout:FanOut"
 CALLS_PER_ITEM = 3
@@ -66,6 +68,7 @@ class Row:
     note: str = ""
     stages: list[dict[str, Any]] = field(default_factory=list)  # per worker: stage timers over the run
     db: dict[str, float] = field(default_factory=dict)  # PostgreSQL over the run: transactions, server CPU s
+    profile: list[str] = field(default_factory=list)  # py-spy summary lines (--py-spy)
 
     @property
     def tasks(self) -> int:
@@ -198,7 +201,11 @@ class Platform:
         # poll the job's status alone (one indexed row): the observer should not load the two cores it measures
         status_of = text("SELECT status FROM jobs WHERE id = :id")
         with self.engine.connect() as conn:
-            while conn.execute(status_of, {"id": job.id}).scalar_one() not in ("completed", "failed", "cancelled"):
+            while conn.execute(status_of, {"id": job.id}).scalar_one() not in (
+                "completed",
+                "failed",
+                "cancelled",
+            ):
                 conn.commit()  # a fresh snapshot for the next poll
                 time.sleep(poll)
         makespan = time.perf_counter() - start
@@ -271,9 +278,13 @@ def platform_run(
             if noop is not None:
                 noop(platform)
             before, db_before = platform.stages(), database_load(db_url)
-            makespan = platform.run_job(items)
+            spy = args.py_spy and noop is not None  # the dispatch-bound runs
+            with recording([p.pid for p in platform.procs], tmp, spy) as profiles:
+                makespan = platform.run_job(items)
             after, db_after = platform.stages(), database_load(db_url)
-            stages = [diff_snapshots(before[name], snap) for name, snap in sorted(after.items()) if name in before]
+            stages = [
+                diff_snapshots(before[name], snap) for name, snap in sorted(after.items()) if name in before
+            ]
         finally:
             platform.close()
     return Row(
@@ -284,6 +295,7 @@ def platform_run(
         ideal(items, latency, args.concurrency),
         stages=stages,
         db={k: db_after[k] - db_before[k] for k in db_after},
+        profile=[line for path in profiles for line in summarize(path)],
     )
 
 
@@ -375,6 +387,8 @@ def print_table(title: str, rows: list[Row | str]) -> None:
                 f"  PostgreSQL: {row.db['xacts'] / row.tasks:.2f} transactions per node, server CPU "
                 f"{row.db['pg_cpu_s'] / row.tasks * 1000:.2f} ms per node (all its processes)"
             )
+        for line in row.profile:
+            print(line)
 
 
 STAGES = ("claim", "load", "call", "store", "publish")
@@ -410,7 +424,9 @@ def breakdown(row: Row) -> list[str]:
         )
         lines.extend(f"    {name:<42} {sec / nodes * 1000:7.3f} ms" for name, sec in share.items())
         walls = ", ".join(
-            f"{s} {stages[s][0] / stages[s][2] * 1000:.2f}" for s in (*STAGES, "task") if stages.get(s, [0, 0, 0])[2]
+            f"{s} {stages[s][0] / stages[s][2] * 1000:.2f}"
+            for s in (*STAGES, "task")
+            if stages.get(s, [0, 0, 0])[2]
         )
         lines.append(f"    mean wall ms per stage: {walls}")
     return lines
@@ -438,6 +454,11 @@ def main() -> None:
     )
     parser.add_argument("--redis", default=os.environ.get("INF_ENGINE_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--no-pyplait", action="store_true")
+    parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="profile each worker during the dispatch-bound runs (pip install py-spy)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",") if n.strip()]
