@@ -33,7 +33,7 @@ from typing import Any
 from uuid import uuid4
 
 from app.db import utcnow
-from app.db.repository.node_store import ClaimRequest, ClaimStatus, NodeTaskRef
+from app.db.repository.node_store import Claim, ClaimRequest, ClaimStatus, NodeTaskRef
 from app.jobs.distributed.messages import NodeMessage
 from app.jobs.distributed.node_results import retrying, store_result
 from app.jobs.distributed.node_worker import NodeCall, NodePolicy, NodeWorker
@@ -133,26 +133,39 @@ def _run_round(
     (in ``calls`` order) and the nodes that became ready (not sent yet)."""
     outcomes: list[Outcome] = [Outcome.STORED] * len(calls)
     running: list[_Running] = []
-    for index, node_call in enumerate(calls):
-        worker.take_call_slot()
+    start = 0
+    while start < len(calls):
+        # as many nodes as there are free call slots (at least one, waited for), claimed together
+        taken = worker.take_call_slots(len(calls) - start)
+        batch = range(start, start + taken)
+        start += taken
         try:
-            claimed = _claim(worker, node_call, lap)
+            claims = _claim_many(worker, [calls[i] for i in batch], lap)
+        except BaseException:
+            worker.give_call_slots(taken)
+            raise
+        for index, claimed in zip(batch, claims, strict=True):
             if isinstance(claimed, Outcome):
                 outcomes[index] = claimed
-                worker.give_call_slot()
+                worker.give_call_slots(1)
                 continue
-            item, attempts = claimed
-            future = worker.submit(_execute(worker, item, node_call.node_id, attempts))
-        except BaseException:
-            worker.give_call_slot()
-            raise
-        future.add_done_callback(lambda _: worker.give_call_slot())
-        running.append(_Running(index, node_call, item, attempts, future, time.perf_counter()))
+            running.append(_start(worker, index, calls[index], *claimed))
     ready: list[NodeTaskRef] = []
     for done in _as_completed(worker, running):
         outcomes[done.index], refs = _finish(worker, done, lap)
         ready.extend(refs)
     return outcomes, ready
+
+
+def _start(worker: NodeWorker, index: int, call: NodeCall, item: ItemGraph, attempts: int) -> _Running:
+    """Hand the node's call to the event loop; its call slot is given back when the call ends."""
+    try:
+        future = worker.submit(_execute(worker, item, call.node_id, attempts))
+    except BaseException:
+        worker.give_call_slots(1)
+        raise
+    future.add_done_callback(lambda _: worker.give_call_slots(1))
+    return _Running(index, call, item, attempts, future, time.perf_counter())
 
 
 def _as_completed(worker: NodeWorker, running: list[_Running]) -> Iterator[_Running]:
@@ -197,22 +210,25 @@ def _finish(worker: NodeWorker, r: _Running, lap: Lap) -> tuple[Outcome, list[No
 
 
 # -- 1. claim ------------------------------------------------------------------------------------------------
-def _claim(worker: NodeWorker, call: NodeCall, lap: Lap) -> Outcome | tuple[ItemGraph, int]:
-    """The claimed item's graph with its stored values, and the node's attempts; else what the claim found."""
+def _claim_many(
+    worker: NodeWorker, calls: Sequence[NodeCall], lap: Lap
+) -> list[Outcome | tuple[ItemGraph, int]]:
+    """For each call, the claimed item's graph with its stored values and the node's attempts, else what the
+    claim found. The common claims go to the database together (one statement on PostgreSQL)."""
     now = utcnow()
     lease = now + timedelta(seconds=worker.policy.lease_s)
-    request = ClaimRequest(
-        call.job_id,
-        call.item_id,
-        call.node_id,
-        call.token,
-        call.redelivered,
-        worker.policy.max_attempts,
-        lease,
-        now,
-    )
-    claim = worker.store.claim(request)
+    requests = [
+        ClaimRequest(c.job_id, c.item_id, c.node_id, c.token, c.redelivered, worker.policy.max_attempts, lease, now)
+        for c in calls
+    ]
+    claims = worker.store.claim_many(requests)
     lap("claim")
+    found = [_claimed(worker, call, claim) for call, claim in zip(calls, claims, strict=True)]
+    lap("load")
+    return found
+
+
+def _claimed(worker: NodeWorker, call: NodeCall, claim: Claim) -> Outcome | tuple[ItemGraph, int]:
     if claim.item is None:
         return _REFUSED[claim.status]
     row = claim.item
@@ -222,7 +238,6 @@ def _claim(worker: NodeWorker, call: NodeCall, lap: Lap) -> Outcome | tuple[Item
         _fail(worker, call, _pipeline_changed(call.node_id))
         return Outcome.FAILED
     values = {n: decode_value(v) for n, v in row.values.items() if n in graph.nodes}
-    lap("load")
     return ItemGraph(call.job_id, call.item_id, row.custom_id, graph, values), claim.attempts
 
 

@@ -88,15 +88,24 @@ class NodeWorker:
         self.store = open_node_store(self.sessions, settle_job, self.direct, group_commit=self.group_commit)
         self._call_slots = threading.BoundedSemaphore(self.max_calls) if self.max_calls > 0 else None
 
-    def take_call_slot(self) -> None:
-        """Wait (in a task thread) while ``max_calls`` node calls run. Taken before the claim, so a node is
-        claimed only when its call can start: a cancelled job's claimed nodes are the few already calling."""
-        if self._call_slots is not None:
-            self._call_slots.acquire()
+    def take_call_slots(self, wanted: int) -> int:
+        """Up to ``wanted`` call slots for a task thread: waits for one while ``max_calls`` node calls run, then
+        takes the free ones without waiting (so a thread never holds a slot it is not about to use); returns how
+        many. Taken before the claims, so a node is claimed only when its call can start: a cancelled job's
+        claimed nodes are the few already calling."""
+        slots = self._call_slots
+        if slots is None:
+            return wanted
+        slots.acquire()
+        taken = 1
+        while taken < wanted and slots.acquire(blocking=False):
+            taken += 1
+        return taken
 
-    def give_call_slot(self) -> None:
+    def give_call_slots(self, count: int) -> None:
         if self._call_slots is not None:
-            self._call_slots.release()
+            for _ in range(count):
+                self._call_slots.release()
 
     def graph_for(self, job_id: str, item_id: int, module: Any, item_input: Any) -> InferenceGraph:
         """The item's traced graph. Its nodes usually run one after another in the same worker, so the recent

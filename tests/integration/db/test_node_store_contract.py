@@ -184,6 +184,39 @@ def test_of_concurrent_claims_exactly_one_wins(job: Fixture) -> None:
     assert node_row(job, "b").attempts == 1
 
 
+def test_claim_many_claims_each_as_claim_does(job: Fixture) -> None:
+    """A delivery's nodes of both items at once: the queued ones are claimed with their own tokens and their
+    items' stored values, the others get claim's answers, in the requests' order."""
+    assert store(job, "a", "A", item=1).inserted
+    now = utcnow()
+    requests = [
+        ClaimRequest(job.job_id, job.items[0], "a", "m1", False, 5, now + LEASE, now),
+        ClaimRequest(job.job_id, job.items[1], "b", "m1", False, 5, now + LEASE, now),
+        ClaimRequest(job.job_id, job.items[0], "c", "m1", False, 5, now + LEASE, now),  # waits for a and b
+        ClaimRequest(job.job_id, job.items[1], "a", "m1", False, 5, now + LEASE, now),  # stored already
+        ClaimRequest(job.job_id, job.items[0], "b", "here:x", False, 5, now + LEASE, now),
+    ]
+    claims = job.store.claim_many(requests)
+    assert [c.status for c in claims] == [
+        ClaimStatus.CLAIMED,
+        ClaimStatus.CLAIMED,
+        ClaimStatus.NOT_READY,
+        ClaimStatus.ALREADY_DONE,
+        ClaimStatus.CLAIMED,
+    ]
+    assert claims[1].item is not None and claims[1].item.values == {"a": {"kind": "text", "payload": "A"}}
+    assert claims[0].item is not None and claims[0].item.custom_id == "c0" and claims[0].attempts == 1
+    assert (node_row(job, "b").claimed_by, node_row(job, "b", item=1).claimed_by) == ("here:x", "m1")
+    assert item_row(job).status == item_row(job, item=1).status == ItemStatus.RUNNING
+    # the same nodes again: each busy, as a second claim finds it
+    again = job.store.claim_many(requests[:2])
+    assert [c.status for c in again] == [ClaimStatus.BUSY, ClaimStatus.BUSY]
+    with session_scope(job.sessions) as session:
+        repository.request_cancel(session, job_id=job.job_id)
+    closed = job.store.claim_many([requests[2], requests[2]])
+    assert [c.status for c in closed] == [ClaimStatus.NOT_READY, ClaimStatus.NOT_READY]
+
+
 def test_a_claim_refuses_nodes_not_ready_done_or_closed(job: Fixture) -> None:
     assert job.store.claim(request(job, "c", "t1")).status is ClaimStatus.NOT_READY
     assert store(job, "a", "A").inserted

@@ -59,6 +59,9 @@ class CoreNodeStore:
         with session_scope(self._sessions) as session:
             return self._claim_in(session, request)
 
+    def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        return [self.claim(request) for request in requests]
+
     def _claim_in(self, session: Session, r: ClaimRequest) -> Claim:
         quick = runs.claim_queued(
             session,

@@ -161,6 +161,11 @@ class NodeStore(Protocol):
         the attempts cap fails the item."""
         ...
 
+    def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        """:meth:`claim` for each of ``requests`` (one delivery's nodes, sharing ``now``, ``deadline`` and
+        ``max_attempts``), in their order; a store may claim the common case for all of them at once."""
+        ...
+
     def renew(self, *, item_id: int, node_id: str, token: str, deadline: datetime) -> bool:
         """Push the running delivery's lease to ``deadline``; False when the node is no longer its."""
         ...

@@ -72,6 +72,43 @@ _CLAIM = f"""
     FROM claimed AS c
 """
 
+# The common claim of several nodes (one delivery's round) at once: the node rows are locked in one order, as
+# are the items a claim starts, so two such statements cannot deadlock on each other.
+_CLAIM_MANY = f"""
+    WITH req AS (
+        SELECT * FROM unnest(CAST(%(items)s AS bigint[]), CAST(%(nodes)s AS varchar[]),
+                             CAST(%(tokens)s AS varchar[])) AS r(item_id, node_id, token)
+    ), target AS (
+        SELECT nt.id, req.token FROM node_tasks AS nt
+        JOIN req ON nt.item_id = req.item_id AND nt.node_id = req.node_id
+        WHERE nt.status = {_QUEUED} AND nt.attempts < %(cap)s
+        ORDER BY nt.item_id, nt.node_id
+        FOR UPDATE OF nt
+    ), claimed AS (
+        UPDATE node_tasks AS nt
+        SET status = {_RUNNING}, attempts = nt.attempts + 1, claimed_by = t.token, deadline = %(deadline)s,
+            started_at = %(now)s, updated_at = %(now)s
+        FROM target AS t, jobs AS j, items AS i
+        WHERE nt.id = t.id AND j.id = nt.job_id AND j.status IN ({_OPEN_JOB})
+          AND i.id = nt.item_id AND i.status IN ({_OPEN_ITEM})
+        RETURNING nt.item_id, nt.node_id, nt.attempts, i.status AS item_status, i.input, i.custom_id,
+                  j.pipeline_name, j.pipeline_id
+    ), starting AS (
+        SELECT id FROM items
+        WHERE id IN (SELECT item_id FROM claimed) AND status = {_PENDING_ITEM}
+        ORDER BY id
+        FOR UPDATE
+    ), started AS (
+        UPDATE items SET status = {_RUNNING_ITEM}, started_at = COALESCE(started_at, %(now)s)
+        WHERE id IN (SELECT id FROM starting)
+    )
+    SELECT c.item_id, c.node_id, c.attempts, c.item_status, c.input, c.custom_id, c.pipeline_name,
+           c.pipeline_id,
+           (SELECT COALESCE(jsonb_object_agg(r.node_id, r.value), CAST('{{}}' AS jsonb))
+            FROM node_results AS r WHERE r.item_id = c.item_id) AS stored
+    FROM claimed AS c
+"""
+
 # The start of both stores: insert the result (a re-delivery finds it there already) and mark the node done.
 # Each store continues this WITH list; its further steps check EXISTS (SELECT 1 FROM ins), so they happen once.
 _STORE_RESULT = f"""
@@ -213,6 +250,30 @@ class PsycopgNodeStore(CoreNodeStore):
         row = rows[0]
         item = ClaimedItem(row[4], int(row[5]), row[2], row[3], dict(row[6] or {}))
         return Claim(ClaimStatus.CLAIMED, int(row[0]), item)
+
+    def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        """The common claims of all ``requests`` in one statement; the others one by one, as :meth:`claim`
+        decides them (a re-delivery's take-over, a stored or busy node, a closed job)."""
+        if len(requests) < 2:
+            return [self.claim(r) for r in requests]
+        first = requests[0]
+        params = {
+            "items": [r.item_id for r in requests],
+            "nodes": [r.node_id for r in requests],
+            "tokens": [r.token for r in requests],
+            "cap": first.max_attempts,
+            "deadline": first.deadline,
+            "now": first.now,
+        }
+        rows = self._rows(_CLAIM_MANY, params, (0, min(r.item_id for r in requests), first.node_id))
+        claimed = {
+            (int(row[0]), row[1]): Claim(
+                ClaimStatus.CLAIMED, int(row[2]), ClaimedItem(row[6], int(row[7]), row[4], row[5], dict(row[8] or {}))
+            )
+            for row in rows
+        }
+        slow = super().claim  # (zero-argument super() does not work inside a comprehension)
+        return [claimed.get((r.item_id, r.node_id)) or slow(r) for r in requests]
 
     def item_values(self, *, item_id: int) -> dict[str, Any]:
         with self._direct.connection() as conn:
