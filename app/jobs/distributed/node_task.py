@@ -174,12 +174,15 @@ def _as_completed(worker: NodeWorker, running: list[_Running]) -> Iterator[_Runn
     node alone."""
     pending = {r.future: r for r in running}
     period = worker.policy.lease_s / 3
+    renewed = time.monotonic()
     while pending:
-        done, _ = concurrent.futures.wait(pending, timeout=period, return_when=concurrent.futures.FIRST_COMPLETED)
-        if not done:
-            for r in pending.values():
-                _renew(worker, r.call)
-            continue
+        wait = max(0.0, renewed + period - time.monotonic())
+        done, _ = concurrent.futures.wait(pending, timeout=wait, return_when=concurrent.futures.FIRST_COMPLETED)
+        if time.monotonic() - renewed >= period:  # also while other calls keep returning
+            for future, r in pending.items():
+                if future not in done:
+                    _renew(worker, r.call)
+            renewed = time.monotonic()
         for future in done:
             yield pending.pop(future)
 

@@ -3,6 +3,8 @@ stored in PostgreSQL as usual), instead of a broker round trip; on a real Postgr
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,6 +18,7 @@ from app.jobs.distributed import NodeMessage, NodePolicy, Outcome, dispatch_job,
 from app.jobs.distributed.dispatch import GROUP_MIN_ITEMS
 from app.jobs.service import describe_job
 from tests.support.distributed import ENDPOINTS, ListDispatcher, call_of, make_worker, node_statuses, submit
+from app.pipeline.resources.types import LLMRequest, LLMResponse
 from tests.support.fakes import ScriptedLM
 from workers.engine_host import LoopHost
 
@@ -211,3 +214,47 @@ def test_a_grouped_message_whose_worker_died_half_way_is_finished_by_its_redeliv
     with session_scope(sessions) as session:
         assert describe_job(session, job_id)["status"] == "completed"
     assert len(lm.calls) == 3 * len(MANY)
+
+
+class _Staggered(ScriptedLM):
+    """The first call takes 1.5 s; the others return one after another, 0.15 s apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._started = 0
+
+    async def complete(self, alias: str, request: LLMRequest) -> LLMResponse:
+        n, self._started = self._started, self._started + 1
+        await asyncio.sleep(1.5 if n == 0 else 0.15 * n)
+        return await super().complete(alias, request)
+
+
+def test_a_slow_node_keeps_its_lease_while_the_messages_other_calls_keep_returning(
+    committed: Engine, host: LoopHost
+) -> None:
+    """Leases are renewed every third of a lease even while other calls of the message return more often than
+    that (a renewal only on a quiet wait would let the slow node's lease lapse, and the sweeper re-run it)."""
+
+    class EightANode(ListDispatcher):
+        group = 8
+
+    sessions = make_session_factory(committed)
+    lm = _Staggered()
+    dispatcher = EightANode()
+    policy = NodePolicy(lease_s=0.6, stale_s=5.0)
+    worker = make_worker(committed, dispatcher, lm, host, policy)
+    job_id = submit(sessions, "review-compare", MANY)
+    dispatch_job(sessions, job_id, dispatcher, ENDPOINTS)
+    message = dispatcher.take()[0]
+    assert message.nodes == 8
+    outcome: list[Outcome] = []
+    runner = threading.Thread(target=lambda: outcome.append(run_node(worker, call_of(message), also=message.also)))
+    runner.start()
+    reports = []
+    while runner.is_alive():
+        time.sleep(0.1)
+        reports.append(sweep(sessions, dispatcher, ENDPOINTS, policy))
+    runner.join()
+    assert outcome == [Outcome.STORED]
+    assert all(r.requeued == 0 for r in reports)  # every lease stayed alive
+    assert len(lm.calls) == 8
