@@ -17,8 +17,8 @@ from app.db import make_session_factory, session_scope
 from app.jobs.distributed import NodeMessage, NodePolicy, Outcome, dispatch_job, run_node, sweep
 from app.jobs.distributed.dispatch import GROUP_MIN_ITEMS
 from app.jobs.service import describe_job
-from tests.support.distributed import ENDPOINTS, ListDispatcher, call_of, make_worker, node_statuses, submit
 from app.pipeline.resources.types import LLMRequest, LLMResponse
+from tests.support.distributed import ENDPOINTS, ListDispatcher, call_of, make_worker, node_statuses, submit
 from tests.support.fakes import ScriptedLM
 from workers.engine_host import LoopHost
 
