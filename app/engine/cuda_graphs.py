@@ -73,6 +73,7 @@ class DecodeGraphRunner:
         self.batch_sizes = batch_buckets(max_batch)
         self.widths = width_buckets(max_blocks)
         device = model.param_device
+
         def longs(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.long, device=device)
 

@@ -217,6 +217,15 @@ def test_claim_many_claims_each_as_claim_does(job: Fixture) -> None:
     assert [c.status for c in closed] == [ClaimStatus.NOT_READY, ClaimStatus.NOT_READY]
 
 
+def test_claim_many_claims_a_node_listed_twice_once(job: Fixture) -> None:
+    now = utcnow()
+    twice = [ClaimRequest(job.job_id, job.items[0], "a", f"t{i}", False, 5, now + LEASE, now) for i in range(2)]
+    other = ClaimRequest(job.job_id, job.items[1], "a", "t2", False, 5, now + LEASE, now)
+    claims = job.store.claim_many([*twice, other])
+    assert [c.status for c in claims] == [ClaimStatus.CLAIMED, ClaimStatus.BUSY, ClaimStatus.CLAIMED]
+    assert node_row(job, "a").attempts == 1
+
+
 def test_a_claim_refuses_nodes_not_ready_done_or_closed(job: Fixture) -> None:
     assert job.store.claim(request(job, "c", "t1")).status is ClaimStatus.NOT_READY
     assert store(job, "a", "A").inserted

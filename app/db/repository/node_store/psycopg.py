@@ -76,11 +76,12 @@ _CLAIM = f"""
 # are the items a claim starts, so two such statements cannot deadlock on each other.
 _CLAIM_MANY = f"""
     WITH req AS (
-        SELECT * FROM unnest(CAST(%(items)s AS bigint[]), CAST(%(nodes)s AS varchar[]),
-                             CAST(%(tokens)s AS varchar[])) AS r(item_id, node_id, token)
+        SELECT * FROM unnest(CAST(%(jobs)s AS varchar[]), CAST(%(items)s AS bigint[]),
+                             CAST(%(nodes)s AS varchar[]), CAST(%(tokens)s AS varchar[]))
+                      AS r(job_id, item_id, node_id, token)
     ), target AS (
         SELECT nt.id, req.token FROM node_tasks AS nt
-        JOIN req ON nt.item_id = req.item_id AND nt.node_id = req.node_id
+        JOIN req ON nt.item_id = req.item_id AND nt.node_id = req.node_id AND nt.job_id = req.job_id
         WHERE nt.status = {_QUEUED} AND nt.attempts < %(cap)s
         ORDER BY nt.item_id, nt.node_id
         FOR UPDATE OF nt
@@ -258,6 +259,7 @@ class PsycopgNodeStore(CoreNodeStore):
             return [self.claim(r) for r in requests]
         first = requests[0]
         params = {
+            "jobs": [r.job_id for r in requests],
             "items": [r.item_id for r in requests],
             "nodes": [r.node_id for r in requests],
             "tokens": [r.token for r in requests],
@@ -266,14 +268,15 @@ class PsycopgNodeStore(CoreNodeStore):
             "now": first.now,
         }
         rows = self._rows(_CLAIM_MANY, params, (0, min(r.item_id for r in requests), first.node_id))
-        claimed = {
+        claimed: dict[tuple[int, str], Claim | None] = {
             (int(row[0]), row[1]): Claim(
                 ClaimStatus.CLAIMED, int(row[2]), ClaimedItem(row[6], int(row[7]), row[4], row[5], dict(row[8] or {}))
             )
             for row in rows
         }
         slow = super().claim  # (zero-argument super() does not work inside a comprehension)
-        return [claimed.get((r.item_id, r.node_id)) or slow(r) for r in requests]
+        # pop: a node listed twice is claimed once; its second request gets claim's answer (busy)
+        return [claimed.pop((r.item_id, r.node_id), None) or slow(r) for r in requests]
 
     def item_values(self, *, item_id: int) -> dict[str, Any]:
         with self._direct.connection() as conn:

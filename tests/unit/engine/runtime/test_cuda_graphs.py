@@ -122,12 +122,26 @@ def test_fits_only_decode_steps_within_the_shapes(tiny: dict[str, tuple[Path, An
     assert not static.fits(AttentionMetadata.build([3], [3], [[0]], 4))  # a prefill
 
 
-def test_enforce_eager_is_an_engine_and_settings_option(make_engine: Callable[..., LLMEngine]) -> None:
+def test_enforce_eager_reaches_the_runner(
+    make_engine: Callable[..., LLMEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine asks its runner for graphs unless ``enforce_eager``; the setting maps onto it. (On CPU the
+    runner then has none: there is nothing to replay.)"""
+    import app.engine.llm_engine as llm_engine
     from app.settings import Settings
 
-    assert make_engine(enforce_eager=True).runner.graphs is None
-    assert make_engine().runner.graphs is None  # CPU: there are no graphs to replay
-    assert Settings(enforce_eager=True).enforce_eager is True
+    asked: list[bool] = []
+
+    class Recording(ModelRunner):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            asked.append(kwargs["cuda_graphs"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(llm_engine, "ModelRunner", Recording)
+    assert make_engine().runner.graphs is None
+    make_engine(enforce_eager=True)
+    assert asked == [True, False]
+    assert Settings(enforce_eager=True).enforce_eager is True and Settings().enforce_eager is False
 
 
 # ---- on a GPU -------------------------------------------------------------------------------------------
