@@ -19,9 +19,12 @@ masks), so a layer does only tensor work: write the new K/V by ``slot_mapping``,
   verification, a tiny chunk) becomes one kernel entry per token, token ``t`` seeing positions ``<= ctx_len -
   q_len + t``: it reads its cache in place instead of gathering it, and each position's numbers are exactly
   those a plain decode of that position computes;
-* a sequence with several query tokens and nothing cached attends to its own new K/V with ``is_causal``;
-* any other sequence (chunked prefill, prefix-cache hit) gathers its context and uses a causal mask offset by
-  the cached prefix: query ``i`` sits at position ``ctx_len - q_len + i`` and sees keys ``<=`` that position.
+* the other multi-token sequences (prompts, chunks, prefix-cache hits) go, on CPU float32, to the C kernel
+  ``app.engine.kernels.paged_prefill_attention``, all in one call: it reads their K/V in place and gives a
+  query row the same arithmetic however the prompt was split, so prefix caching and chunked prefill are exact;
+* elsewhere, a sequence with several query tokens and nothing cached attends to its own new K/V with
+  ``is_causal``, and any other (chunked prefill, prefix-cache hit) gathers its context and uses a causal mask
+  offset by the cached prefix: query ``i`` sits at position ``ctx_len - q_len + i`` and sees keys ``<=`` it.
 
 Gathered K/V go into a reusable :class:`AttentionWorkspace`: a fresh multi-megabyte tensor per layer per step
 costs more in page faults than the copy itself.
@@ -39,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.config import ModelConfig
-from app.engine.kernels import paged_decode_attention
+from app.engine.kernels import paged_decode_attention, paged_prefill_attention
 
 # Sequences with at most this many query tokens go to the C decode kernel, one entry per token (it reads a
 # sequence's K/V once per token, which beats a gather plus SDPA only while the tokens are few).
@@ -142,6 +145,7 @@ class _PrefillSeq:
     ctx_len: int
     table: torch.Tensor | None  # its block-table row when part of its context is cached; None: new K/V only
     block_size: int
+    seq: int  # its index in the batch (its row of the block tables)
     in_decode_index: bool = False  # its tokens are also C-kernel entries (used when the kernel applies)
 
     @cached_property
@@ -279,7 +283,7 @@ class AttentionMetadata:
         for i, (q, c) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
             if q == 1:
                 continue
-            self.prefills.append(_PrefillSeq(cu[i], q, c, None if c == q else tables[i], bs, i in short))
+            self.prefills.append(_PrefillSeq(cu[i], q, c, None if c == q else tables[i], bs, i, i in short))
 
     def _kernel_index(self, tables: torch.Tensor, cu: list[int], short: set[int]) -> _DecodeIndex | None:
         """The C kernel's entries: each decode, and each token of the ``short`` sequences, in row order."""
@@ -390,6 +394,10 @@ def paged_attention(
     if block_size != meta.block_size:
         raise ValueError(f"cache block size {block_size} != metadata block size {meta.block_size}")
     write_kv(kv_cache, key, value, meta.slot_mapping)
+    if meta.num_seqs == 1 and meta.prefills and not meta.prefills[0].in_decode_index:
+        out = query.new_empty(num_tokens, num_heads * head_dim)
+        if _prefill_kernel(query, kv_cache, meta, meta.prefills, scale, out):
+            return out
     if kv_cache.dtype != key.dtype:
         # Attend to the new tokens' K/V as the cache holds them, so that a prompt attends to the same values
         # whether its prefix came from the cache or not (prefix caching and batching stay exact).
@@ -412,8 +420,47 @@ def paged_attention(
         return out
     if out is None:
         out = query.new_empty(num_tokens, num_heads * head_dim)
-    _attend_prefills(query, key, value, kv_cache, meta.workspace, prefills, scale, out)
+    if not _prefill_kernel(query, kv_cache, meta, prefills, scale, out):
+        _attend_prefills(query, key, value, kv_cache, meta.workspace, prefills, scale, out)
     return out
+
+
+def _prefill_kernel(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    prefills: list[_PrefillSeq],
+    scale: float,
+    out: torch.Tensor,
+) -> bool:
+    """The prefills' attention by the C kernel, all in one call, reading their K/V in place (CPU float32
+    queries); False when it does not apply. Every query row gets the same arithmetic however the prompt was
+    split, so prefix caching and chunked prefill stay exact."""
+    if not prefills or not _prefill_kernel_on:
+        return False
+    seqs = [seq.seq for seq in prefills]
+    tables = meta.block_tables
+    if seqs != list(range(meta.num_seqs)):
+        tables = tables.index_select(0, torch.tensor(seqs, dtype=torch.long, device=tables.device))
+    return paged_prefill_attention(
+        query,
+        kv_cache,
+        tables,
+        [seq.ctx_len for seq in prefills],
+        [seq.start for seq in prefills],
+        [seq.q_len for seq in prefills],
+        scale,
+        out,
+    )
+
+
+_prefill_kernel_on = True
+
+
+def use_prefill_kernel(on: bool) -> None:
+    """Use the C prefill kernel where it applies (the default), or PyTorch's SDPA always (for comparisons)."""
+    global _prefill_kernel_on
+    _prefill_kernel_on = on
 
 
 def _attend_decodes(

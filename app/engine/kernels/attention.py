@@ -1,10 +1,25 @@
-"""Decode attention read straight from the paged KV cache, by the C kernel ``paged_attention.c``."""
+"""Attention read straight from the paged KV cache: decode by the C kernel ``paged_attention.c``, prefill by
+``prefill_attention.c``."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 import app.engine.kernels.library as library
+from app.engine.kernels.cpu_features import cpu_flags
+
+# Query vectors per tile of the prefill kernel, and its position padding (prefill_attention.c: TILE, PAD).
+_PREFILL_TILE, _PREFILL_PAD = 12, 16
+
+
+def avx512_enabled() -> bool:
+    """Whether the prefill kernel runs its AVX-512 build: the CPU has AVX-512F and
+    ``INF_ENGINE_DISABLE_AVX512`` is not set (``1`` tries the AVX2 build on a machine that has both)."""
+    if os.environ.get("INF_ENGINE_DISABLE_AVX512", "").strip().lower() in ("1", "true", "yes"):
+        return False
+    return "avx512f" in cpu_flags()
 
 
 def paged_decode_attention(
@@ -78,6 +93,88 @@ def paged_decode_attention(
         threads,
         library.use_pool(num_tokens),
     )
+    return True
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    tables: torch.Tensor,
+    context_lens: list[int],
+    query_starts: list[int],
+    query_lens: list[int],
+    scale: float,
+    out: torch.Tensor,
+    avx512: bool | None = None,
+) -> bool:
+    """Causal attention of multi-token sequences over their cached context; False when it does not apply.
+
+    Sequence ``s`` has ``query_lens[s]`` query rows from row ``query_starts[s]`` of ``query`` ``[T, heads,
+    head_dim]`` (float32, CPU): the last of its ``context_lens[s]`` positions, whose K/V (the new ones too)
+    are already in ``kv_cache`` (one layer's ``[2, num_blocks, block_size, kv_heads, head_dim]``, float32 or
+    bfloat16) through row ``s`` of ``tables`` (``[seqs, width]`` int64). Writes those rows of ``out`` ``[T,
+    heads * head_dim]``. A query row's numbers depend only on its own query and context, never on the other rows
+    of the call, so a prompt gives the same bits whole, in chunks, or after a prefix-cache hit. ``avx512``
+    picks the build (None: :func:`avx512_enabled`).
+    """
+    lib = library.get()
+    if lib is None:
+        return False
+    heads, head_dim = query.shape[1], query.shape[2]
+    _, _, block_size, kv_heads, _ = kv_cache.shape
+    if (
+        query.dtype != torch.float32
+        or kv_cache.dtype not in (torch.float32, torch.bfloat16)
+        or out.dtype != torch.float32
+        or query.device.type != "cpu"
+        or kv_cache.device.type != "cpu"
+        or head_dim % 16
+        or head_dim > 256
+        or heads % kv_heads
+        or query.stride(2) != 1
+        or query.stride(1) != head_dim
+        or not kv_cache.is_contiguous()
+        or out.stride(1) != 1
+        or out.shape != (query.shape[0], heads * head_dim)
+        or not tables.is_contiguous()
+        or tables.dtype != torch.int64
+        or tables.shape[0] != len(context_lens)
+    ):
+        return False
+    padded = [-(-c // _PREFILL_PAD) * _PREFILL_PAD for c in context_lens]
+    kv_scratch = torch.empty(sum(padded) * kv_heads * 2 * head_dim, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    per_thread = _PREFILL_TILE * max(padded) + head_dim
+    scratch = library.scratch(threads * per_thread)
+    meta = torch.tensor([context_lens, query_starts, query_lens], dtype=torch.int64)
+    status = lib.paged_prefill_attention(
+        query.data_ptr(),
+        query.stride(0),
+        kv_cache[0].data_ptr(),
+        kv_cache[1].data_ptr(),
+        int(kv_cache.dtype == torch.bfloat16),
+        tables.data_ptr(),
+        tables.stride(0),
+        meta[0].data_ptr(),
+        meta[1].data_ptr(),
+        meta[2].data_ptr(),
+        len(context_lens),
+        heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        out.data_ptr(),
+        out.stride(0),
+        kv_scratch.data_ptr(),
+        scratch.data_ptr(),
+        per_thread,
+        int(avx512_enabled() if avx512 is None else avx512),
+        threads,
+        library.use_pool(query.shape[0]),
+    )
+    if status != 0:
+        raise MemoryError("the prefill attention kernel could not allocate its task table")
     return True
 
 

@@ -15,8 +15,13 @@ from app.engine.kernels.build import load_kernel
 log = logging.getLogger(__name__)
 
 LIBRARY = "engine_kernels"
-SOURCES = ("threadpool.c", "small_matmul.c", "paged_attention.c", "elementwise.c")
-_ABI = {"small_matmul_abi_version": 2, "paged_attention_abi_version": 5, "elementwise_abi_version": 2}
+SOURCES = ("threadpool.c", "small_matmul.c", "paged_attention.c", "prefill_attention.c", "elementwise.c")
+_ABI = {
+    "small_matmul_abi_version": 2,
+    "paged_attention_abi_version": 5,
+    "prefill_attention_abi_version": 1,
+    "elementwise_abi_version": 2,
+}
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 # Every kernel ends with (threads, use_pool): see use_pool() below.
@@ -27,6 +32,21 @@ _SIGNATURES: dict[str, list[type]] = {
         *(_ptr, _i64, _ptr, _ptr),  # tables, bt_stride, ctx, rows
         *(_i64, _i64, _i64, _i64, _i64, _f32),  # seqs, heads, kv_heads, head_dim, block_size, scale
         *(_ptr, _i64, _ptr, _i64, _i64, _int, _int),  # out, out_ld, scratch, per_thread, max_context, ...
+    ],
+    "paged_prefill_attention": [
+        *(_ptr, _i64, _ptr, _ptr, _int),  # q, q_ld, k, v, kv_bf16
+        *(_ptr, _i64, _ptr, _ptr, _ptr),  # tables, bt_stride, ctx, qstart, qlen
+        *(_i64, _i64, _i64, _i64, _i64, _f32),  # seqs, heads, kv_heads, head_dim, block_size, scale
+        *(
+            _ptr,
+            _i64,
+            _ptr,
+            _ptr,
+            _i64,
+            _int,
+            _int,
+            _int,
+        ),  # out, out_ld, kv_scratch, scratch, per_thread, avx512, ...
     ],
     # x, x_ld, residual, res_ld, add, weight, eps, out, out_ld, rows, dim, ...
     "add_rms_norm": [_ptr, _i64, _ptr, _i64, _int, _ptr, _f32, _ptr, _i64, _i64, _i64, _int, _int],
@@ -43,6 +63,7 @@ _SIGNATURES: dict[str, list[type]] = {
     # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
 }
+_RESTYPES: dict[str, type] = {"paged_prefill_attention": _int}  # the others return nothing
 # A step of at most this many tokens runs its products in small_matmul too (see matmul.MAX_ROWS), so every
 # kernel of it uses the kernels' own thread pool; larger steps run their products on oneDNN (or MKL) and every
 # kernel of theirs on OpenMP's threads, so that two spinning thread pools never fight over the cores.
@@ -105,7 +126,7 @@ def _load() -> ctypes.CDLL | None:
             for name, argtypes in _SIGNATURES.items():
                 fn = getattr(lib, name)
                 fn.argtypes = argtypes
-                fn.restype = None
+                fn.restype = _RESTYPES.get(name)
         except (OSError, AttributeError) as exc:
             log.warning("C kernels not used: %s", exc)
             return None

@@ -180,7 +180,11 @@ def int8_linear(
 
 
 def int4_linear(
-    x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int, bias: torch.Tensor | None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_zeros: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """``x @ W.T + bias`` in ``x``'s dtype for a 4-bit ``W`` packed by ``torch._convert_weight_to_int4pack_for_cpu``
     (``[out, in / 2]``) with ``scale_zeros`` ``[in / group_size, out, 2]`` in bfloat16: ``W = (code - 8) * scale +

@@ -79,7 +79,6 @@ def test_kernel_matches_the_torch_path(
 
 
 @needs_kernel
-@needs_kernel
 def test_short_query_rows_equal_plain_decodes_of_their_positions(two_threads: None) -> None:
     """A verification step (several new tokens of one sequence) gives each token exactly what decoding it
     alone would: one kernel entry per token, which sees its own position and the ones before."""
