@@ -395,9 +395,9 @@ def paged_attention(
         raise ValueError(f"cache block size {block_size} != metadata block size {meta.block_size}")
     write_kv(kv_cache, key, value, meta.slot_mapping)
     if meta.num_seqs == 1 and meta.prefills and not meta.prefills[0].in_decode_index:
-        out = query.new_empty(num_tokens, num_heads * head_dim)
-        if _prefill_kernel(query, kv_cache, meta, meta.prefills, scale, out):
-            return out
+        whole = query.new_empty(num_tokens, num_heads * head_dim)
+        if _prefill_kernel(query, kv_cache, meta, meta.prefills, scale, whole):
+            return whole
     if kv_cache.dtype != key.dtype:
         # Attend to the new tokens' K/V as the cache holds them, so that a prompt attends to the same values
         # whether its prefix came from the cache or not (prefix caching and batching stay exact).
