@@ -142,10 +142,10 @@ def paged_prefill_attention(
     ):
         return False
     padded = [-(-c // _PREFILL_PAD) * _PREFILL_PAD for c in context_lens]
-    kv_scratch = torch.empty(sum(padded) * kv_heads * 2 * head_dim, dtype=torch.float32)
     threads = torch.get_num_threads()
     per_thread = _PREFILL_TILE * max(padded) + head_dim
-    scratch = library.scratch(threads * per_thread)
+    kv_numel = sum(padded) * kv_heads * 2 * head_dim  # the gathered K/V, then each thread's scores
+    scratch = library.scratch(kv_numel + threads * per_thread)  # reused: no page faults per layer
     meta = torch.tensor([context_lens, query_starts, query_lens], dtype=torch.int64)
     status = lib.paged_prefill_attention(
         query.data_ptr(),
@@ -166,8 +166,8 @@ def paged_prefill_attention(
         scale,
         out.data_ptr(),
         out.stride(0),
-        kv_scratch.data_ptr(),
         scratch.data_ptr(),
+        scratch.data_ptr() + 4 * kv_numel,
         per_thread,
         int(avx512_enabled() if avx512 is None else avx512),
         threads,
