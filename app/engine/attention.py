@@ -186,6 +186,9 @@ class AttentionMetadata:
     # Set by the model for the duration of its forward (scratch for gathers); None allocates per call.
     workspace: AttentionWorkspace | None = field(default=None, repr=False)
     decode_index: _DecodeIndex | None = field(init=False, default=None, repr=False)
+    # A bfloat16 model on a CPU with AVX512-BF16: the C kernels attend in bfloat16 values (q, K, V and softmax
+    # weights rounded, as a bfloat16 SDPA computes), float32 sums; prefill by bfloat16 products.
+    bf16_products: bool = False
     # Set by the CUDA-graph runner: the fixed-shape decode layout its graphs replay (see StaticDecode).
     static_decode: StaticDecode | None = field(default=None, repr=False)
     prefills: list[_PrefillSeq] = field(init=False, default_factory=list, repr=False)
@@ -451,6 +454,7 @@ def _prefill_kernel(
         [seq.q_len for seq in prefills],
         scale,
         out,
+        bf16_products=meta.bf16_products,
     )
 
 
@@ -477,7 +481,15 @@ def _attend_decodes(
     if dec is not None:
         out = query.new_empty(num_tokens, num_heads * head_dim)
         if paged_decode_attention(
-            query, kv_cache, dec.block_tables, dec.context_lens, dec.max_context_len, dec.rows, scale, out
+            query,
+            kv_cache,
+            dec.block_tables,
+            dec.context_lens,
+            dec.max_context_len,
+            dec.rows,
+            scale,
+            out,
+            bf16_values=meta.bf16_products,
         ):
             prefills = [seq for seq in meta.prefills if not seq.in_decode_index]
             return out, prefills, not prefills

@@ -18,6 +18,7 @@ from app.engine.attention import AttentionMetadata, allocate_kv_cache
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
 from app.engine.cuda_graphs import DecodeGraphRunner
+from app.engine.kernels.attention import prefill_isa
 from app.engine.models.base import PagedCausalLM
 
 __all__ = ["ModelRunner", "RunnerTimings", "StepBatch"]
@@ -82,6 +83,12 @@ class ModelRunner:
                 use_graphs=True,
             )
         self.timings = RunnerTimings()
+        # A bfloat16 model (quantized ones included) on a CPU with AVX512-BF16: attention in bfloat16 values too.
+        self.bf16_products = (
+            self.device.type == "cpu"
+            and model.lm_head_weight().dtype == torch.bfloat16
+            and prefill_isa(bf16_products=True) == "avx512_bf16"
+        )
         # bfloat16 or int8 products run on OpenMP at every size: keep the C kernels on the same threads
         self.openmp_only = model.lm_head_weight().dtype != torch.float32 or any(
             getattr(m, "scales", None) is not None for m in model.modules()
@@ -153,6 +160,7 @@ class ModelRunner:
             slot_mapping=slot_mapping,
             block_tables=block_tables,
             block_size=bs,
+            bf16_products=self.bf16_products,
         )
         return StepBatch(ids_t, positions, attn, sample_index, sampling_seqs)
 

@@ -12,6 +12,8 @@ from app.engine.kernels.cpu_features import cpu_flags
 
 # Query vectors per tile of the prefill kernel, and its position padding (prefill_attention.c: TILE, PAD).
 _PREFILL_TILE, _PREFILL_PAD = 12, 16
+# The prefill kernel's builds (its `isa` argument).
+PREFILL_ISAS = ("avx2", "avx512", "avx512_bf16")
 
 
 def avx512_enabled() -> bool:
@@ -20,6 +22,17 @@ def avx512_enabled() -> bool:
     if os.environ.get("INF_ENGINE_DISABLE_AVX512", "").strip().lower() in ("1", "true", "yes"):
         return False
     return "avx512f" in cpu_flags()
+
+
+def prefill_isa(bf16_products: bool) -> str:
+    """The prefill kernel's build for this CPU: ``avx512_bf16`` (bfloat16 products, for a bfloat16 model) where
+    the CPU has AVX512-BF16 and ``INF_ENGINE_DISABLE_BF16`` is not set, else ``avx512`` or ``avx2``."""
+    if not avx512_enabled():
+        return "avx2"
+    no_bf16 = os.environ.get("INF_ENGINE_DISABLE_BF16", "").strip().lower() in ("1", "true", "yes")
+    if bf16_products and not no_bf16 and "avx512_bf16" in cpu_flags():
+        return "avx512_bf16"
+    return "avx512"
 
 
 def paged_decode_attention(
@@ -31,6 +44,8 @@ def paged_decode_attention(
     rows: torch.Tensor | None,
     scale: float,
     out: torch.Tensor,
+    *,
+    bf16_values: bool = False,
 ) -> bool:
     """Attention of one query token per sequence over its cached context; False when it does not apply.
 
@@ -38,6 +53,10 @@ def paged_decode_attention(
     ``[2, num_blocks, block_size, kv_heads, head_dim]`` (float32 or bfloat16), ``block_tables`` ``[seqs, width]`` int64 (every entry a
     valid block id), ``context_lens`` ``[seqs]`` int64, ``rows`` the query row of each sequence (None: row i is
     sequence i). Writes those rows of ``out`` ``[T, heads * head_dim]``.
+
+    ``bf16_values`` (a bfloat16 model): the query, keys, values and softmax weights are rounded to bfloat16 and
+    summed in float32, as :func:`paged_prefill_attention` does with ``bf16_products``, so that a position
+    decoded here stays within float32 rounding of the same position prefilled there.
     """
     lib = library.get()
     if lib is None:
@@ -52,6 +71,7 @@ def paged_decode_attention(
         or kv_cache.device.type != "cpu"
         or head_dim % 8
         or head_dim > 128
+        or heads > 256
         or heads % kv_heads
         or query.stride(2) != 1
         or query.stride(1) != head_dim
@@ -65,6 +85,8 @@ def paged_decode_attention(
         or (rows is not None and (rows.dtype != torch.int64 or not rows.is_contiguous()))
     ):
         return False
+    if bf16_values:
+        query = query.to(torch.bfloat16).float()  # a copy: the rows the caller keeps are not rounded
     threads = torch.get_num_threads()
     # Scores, then int64 cache-row indices; even, so every thread's part stays 8-byte aligned.
     per_thread = (heads + 2) * max_context_len + 2 & ~1
@@ -75,6 +97,7 @@ def paged_decode_attention(
         kv_cache[0].data_ptr(),
         kv_cache[1].data_ptr(),
         int(kv_cache.dtype == torch.bfloat16),
+        int(bf16_values),
         block_tables.data_ptr(),
         block_tables.stride(0),
         context_lens.data_ptr(),
@@ -105,7 +128,9 @@ def paged_prefill_attention(
     query_lens: list[int],
     scale: float,
     out: torch.Tensor,
-    avx512: bool | None = None,
+    *,
+    bf16_products: bool = False,
+    isa: str | None = None,
 ) -> bool:
     """Causal attention of multi-token sequences over their cached context; False when it does not apply.
 
@@ -114,8 +139,11 @@ def paged_prefill_attention(
     are already in ``kv_cache`` (one layer's ``[2, num_blocks, block_size, kv_heads, head_dim]``, float32 or
     bfloat16) through row ``s`` of ``tables`` (``[seqs, width]`` int64). Writes those rows of ``out`` ``[T,
     heads * head_dim]``. A query row's numbers depend only on its own query and context, never on the other rows
-    of the call, so a prompt gives the same bits whole, in chunks, or after a prefix-cache hit. ``avx512``
-    picks the build (None: :func:`avx512_enabled`).
+    of the call, so a prompt gives the same bits whole, in chunks, or after a prefix-cache hit.
+
+    ``bf16_products``: a bfloat16 model's precision, where the CPU has it: queries, keys, values and softmax
+    weights rounded to bfloat16, float32 sums (as a bfloat16 SDPA computes). ``isa`` forces a build of
+    :data:`PREFILL_ISAS` (None: :func:`prefill_isa`).
     """
     lib = library.get()
     if lib is None:
@@ -169,7 +197,7 @@ def paged_prefill_attention(
         scratch.data_ptr(),
         scratch.data_ptr() + 4 * kv_numel,
         per_thread,
-        int(avx512_enabled() if avx512 is None else avx512),
+        PREFILL_ISAS.index(prefill_isa(bf16_products) if isa is None else isa),
         threads,
         library.use_pool(query.shape[0]),
     )

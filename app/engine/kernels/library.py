@@ -18,8 +18,8 @@ LIBRARY = "engine_kernels"
 SOURCES = ("threadpool.c", "small_matmul.c", "paged_attention.c", "prefill_attention.c", "elementwise.c")
 _ABI = {
     "small_matmul_abi_version": 2,
-    "paged_attention_abi_version": 5,
-    "prefill_attention_abi_version": 1,
+    "paged_attention_abi_version": 6,
+    "prefill_attention_abi_version": 2,
     "elementwise_abi_version": 2,
 }
 
@@ -28,7 +28,7 @@ _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes
 _SIGNATURES: dict[str, list[type]] = {
     "small_matmul": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _int, _int],
     "paged_decode_attention": [
-        *(_ptr, _i64, _ptr, _ptr, _int),  # q, q_ld, k, v, kv_bf16
+        *(_ptr, _i64, _ptr, _ptr, _int, _int),  # q, q_ld, k, v, kv_bf16, bf16_values
         *(_ptr, _i64, _ptr, _ptr),  # tables, bt_stride, ctx, rows
         *(_i64, _i64, _i64, _i64, _i64, _f32),  # seqs, heads, kv_heads, head_dim, block_size, scale
         *(_ptr, _i64, _ptr, _i64, _i64, _int, _int),  # out, out_ld, scratch, per_thread, max_context, ...

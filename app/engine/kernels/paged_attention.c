@@ -21,15 +21,25 @@
 
 #include "threadpool.h"
 
-int paged_attention_abi_version(void) { return 5; }
+int paged_attention_abi_version(void) { return 6; }
 
-/* Eight cache values from element index idx, as float32: bfloat16 is the upper half of a float32. */
+/* Eight float32 values rounded to bfloat16 (to nearest even; finite inputs), kept as float32. */
+static inline __m256 round_bf16(__m256 x) {
+  __m256i bits = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  bits = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* Eight cache values from element index idx, as float32: bfloat16 is the upper half of a float32. bf16 == 2: a
+ * float32 cache read as bfloat16 (rounded), for a bfloat16 model's attention. */
 static inline __attribute__((always_inline)) __m256 load8(const void* base, int64_t idx, int bf16) {
-  if (bf16) {
+  if (bf16 == 1) {
     __m128i half = _mm_loadu_si128((const __m128i*)((const uint16_t*)base + idx));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
   }
-  return _mm256_loadu_ps((const float*)base + idx);
+  __m256 x = _mm256_loadu_ps((const float*)base + idx);
+  return bf16 == 2 ? round_bf16(x) : x;
 }
 
 static inline float hsum256(__m256 v) {
@@ -82,10 +92,11 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
                                                          const int64_t* table, int64_t ctx, int64_t h0, int64_t h1,
                                                          int64_t group, int64_t kvh, int64_t hd, int64_t bs,
                                                          float scale, float* out, float* scores, int64_t* rows,
-                                                         int bf16) {
+                                                         int bf16, int rnd) {
   const int64_t token_stride = kvh * hd; /* floats between consecutive cache rows */
   const int64_t nvec = hd / 8;
   const int64_t qheads = (h1 - h0) * group;
+  float inv_sum[256]; /* per query head (heads / kv_heads * kv_heads <= 256), with rnd */
   for (int64_t p = 0; p < ctx; p++) rows[p] = (table[p / bs] * bs + p % bs) * token_stride;
 
   /* 1. scores[qh][p], eight positions at a time so one transposing reduction finishes eight dot products */
@@ -136,7 +147,14 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
       }
     }
     float inv = 1.0f / sum;
-    for (int64_t i = 0; i < ctx; i++) s[i] *= inv;
+    if (rnd) { /* bfloat16 weights (as the prefill kernel's bfloat16 products use), the sum applied last */
+      int64_t i = 0;
+      for (; i + 8 <= ctx; i += 8) _mm256_storeu_ps(s + i, round_bf16(_mm256_loadu_ps(s + i)));
+      for (; i < ctx; i++) s[i] = round_bf16(_mm256_set1_ps(s[i]))[0];
+      inv_sum[qh] = inv;
+    } else {
+      for (int64_t i = 0; i < ctx; i++) s[i] *= inv;
+    }
   }
 
   /* 3. out[qh] = sum_p w[qh][p] v_p, accumulated in registers (up to 16 vectors: head_dim <= 128) */
@@ -153,7 +171,9 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
         const int64_t vp = vh + rows[p] + 8 * j0;
         for (int64_t j = 0; j < nj; j++) acc[j] = _mm256_fmadd_ps(wp, load8(v_cache, vp + 8 * j, bf16), acc[j]);
       }
-      for (int64_t j = 0; j < nj; j++) _mm256_storeu_ps(o + 8 * (j0 + j), acc[j]);
+      __m256 vinv = _mm256_set1_ps(rnd ? inv_sum[qh] : 1.0f);
+      for (int64_t j = 0; j < nj; j++)
+        _mm256_storeu_ps(o + 8 * (j0 + j), rnd ? _mm256_mul_ps(acc[j], vinv) : acc[j]);
     }
   }
 }
@@ -161,20 +181,37 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
 static void attend_f32(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx, int64_t h0,
                        int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale, float* out,
                        float* scores, int64_t* rows) {
-  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 0);
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 0, 0);
 }
 
 static void attend_bf16(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx, int64_t h0,
                         int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale, float* out,
                         float* scores, int64_t* rows) {
-  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 1);
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 1, 0);
 }
+
+/* A bfloat16 model's decode: K, V and the softmax weights in bfloat16 values (the query comes rounded), float32
+ * sums, so that a position decoded here is within float32 rounding of the prefill kernel's bfloat16 products. */
+static void attend_f32_as_bf16(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx,
+                               int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs,
+                               float scale, float* out, float* scores, int64_t* rows) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 2, 1);
+}
+
+static void attend_bf16_rounded(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx,
+                                int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs,
+                                float scale, float* out, float* scores, int64_t* rows) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 1, 1);
+}
+
+typedef void (*attend_fn)(const float*, const void*, const void*, const int64_t*, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, int64_t, int64_t, float, float*, float*, int64_t*);
 
 typedef struct {
   const float* q;
   int64_t q_ld;
   const void *k_cache, *v_cache;
-  int kv_bf16;
+  attend_fn attend;
   const int64_t *block_tables, *context_lens, *rows;
   int64_t bt_stride, heads, kvh, hd, bs, group, split, per_seq;
   float scale;
@@ -191,7 +228,7 @@ static void attention_task(void* arg, int64_t task) {
   int64_t first = h0 * j->group * j->hd;
   float* scores = j->scratch + (int64_t)thread_slot() * j->scratch_per_thread;
   int64_t* cache_rows = (int64_t*)(scores + ((j->heads * j->max_context + 1) & ~(int64_t)1)); /* aligned */
-  (j->kv_bf16 ? attend_bf16 : attend_f32)(j->q + row * j->q_ld + first, j->k_cache, j->v_cache,
+  j->attend(j->q + row * j->q_ld + first, j->k_cache, j->v_cache,
                                           j->block_tables + i * j->bt_stride, j->context_lens[i], h0,
                                           h0 + j->split, j->group, j->kvh, j->hd, j->bs, j->scale,
                                           j->out + row * j->out_ld + first, scores, cache_rows);
@@ -202,13 +239,16 @@ static void attention_task(void* arg, int64_t task) {
  * (scratch_per_thread floats, an even number) holds the scores, then max_context int64 cache-row indices.
  * With enough sequences to keep every thread busy a task is a whole sequence; with fewer, one kv head of one. */
 void paged_decode_attention(const float* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
+                            int bf16_values,
                             const int64_t* block_tables, int64_t bt_stride, const int64_t* context_lens,
                             const int64_t* rows, int64_t num_seqs, int64_t heads, int64_t kvh, int64_t hd,
                             int64_t bs, float scale, float* out, int64_t out_ld, float* scratch,
                             int64_t scratch_per_thread, int64_t max_context, int num_threads, int use_pool) {
   int nthreads = num_threads < 1 ? 1 : num_threads;
   int64_t split = num_seqs >= 2 * (int64_t)nthreads ? kvh : 1; /* kv heads per task */
-  attention_job job = {q,        q_ld,        k_cache, v_cache,     kv_bf16, block_tables, context_lens,
+  attend_fn fn = bf16_values ? (kv_bf16 ? attend_bf16_rounded : attend_f32_as_bf16)
+                             : (kv_bf16 ? attend_bf16 : attend_f32);
+  attention_job job = {q,        q_ld,        k_cache, v_cache,     fn,      block_tables, context_lens,
                        rows,     bt_stride,   heads,   kvh,         hd,      bs,           heads / kvh,
                        split,    kvh / split, scale,   out,         out_ld,  scratch,      scratch_per_thread,
                        max_context};

@@ -12,7 +12,8 @@
  *      W positions at a time (one key vector load feeds TILE fused multiply-adds), softmax, and the value sum
  *      (one value row load feeds the tile's accumulators).
  *
- * Two builds of the same code, chosen at run time: AVX-512 where the CPU has it, AVX2 elsewhere.
+ * Builds of the same code, chosen at run time: AVX-512 where the CPU has it, AVX2 elsewhere; and for bfloat16
+ * models, bfloat16 products where the CPU has AVX512-BF16 (prefill_attention_bf16.h).
  * Caches are [num_blocks, block_size, kv_heads, head_dim], float32 or bfloat16; queries and outputs float32.
  */
 #include <immintrin.h>
@@ -23,7 +24,7 @@
 
 #include "threadpool.h"
 
-int prefill_attention_abi_version(void) { return 1; }
+int prefill_attention_abi_version(void) { return 2; }
 
 #define TILE 12 /* query vectors per tile: 12 accumulators + a key vector fit AVX2's 16 registers */
 #define PAD 16  /* position padding of a gathered sequence: a whole vector at either width */
@@ -173,17 +174,19 @@ TGT512 static inline __m512 exp16(__m512 x) {
 #define VHSUM hsum16
 #define VHMAX hmax16
 #include "prefill_attention_impl.h"
+#include "prefill_attention_bf16.h"
 
 /* q / out: [tokens, heads * head_dim] (row strides q_ld / out_ld); sequence s has qlen[s] query rows from row
  * qstart[s], the last qlen[s] of its ctx[s] positions, whose K/V (new ones included) are already in the cache
  * through its row of tables ([num_seqs, bt_stride]). kv_scratch holds sum over s of kvh * 2 * head_dim *
  * round_up(ctx[s], 16) floats; scratch, per thread, scratch_per_thread >= TILE * round_up(max ctx, 16) + head_dim
- * floats. use_avx512 picks the build (the caller checks the CPU). Returns 0, or -1 when out of memory. */
+ * floats. isa picks the build (the caller checks the CPU): 0 AVX2, 1 AVX-512, 2 AVX-512 with
+ * bfloat16 products (prefill_attention_bf16.h). Returns 0, or -1 when out of memory. */
 int paged_prefill_attention(const float* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
                             const int64_t* tables, int64_t bt_stride, const int64_t* ctx, const int64_t* qstart,
                             const int64_t* qlen, int64_t num_seqs, int64_t heads, int64_t kvh, int64_t hd,
                             int64_t bs, float scale, float* out, int64_t out_ld, float* kv_scratch, float* scratch,
-                            int64_t scratch_per_thread, int use_avx512, int num_threads, int use_pool) {
+                            int64_t scratch_per_thread, int isa, int num_threads, int use_pool) {
   int64_t* offsets = (int64_t*)malloc((size_t)(2 * num_seqs + 1) * sizeof(int64_t));
   if (!offsets) return -1;
   prefill_job job = {q,         q_ld,      k_cache,   v_cache,     kv_bf16,     tables, ctx,    qstart,
@@ -199,7 +202,9 @@ int paged_prefill_attention(const float* q, int64_t q_ld, const void* k_cache, c
   }
   job.tile_off[num_seqs] = tiles;
   int nthreads = num_threads < 1 ? 1 : num_threads;
-  if (use_avx512)
+  if (isa == 2)
+    prefill_attention_bf16dot(&job, nthreads, use_pool);
+  else if (isa == 1)
     prefill_attention_avx512(&job, nthreads, use_pool);
   else
     prefill_attention_avx2(&job, nthreads, use_pool);

@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from app.engine.kernels import matmul
 from app.engine.models.layers import linear
 
-needs_onednn = pytest.mark.skipif(matmul._ONEDNN_LINEAR is None, reason="this torch build has no oneDNN linear")
+needs_onednn = pytest.mark.skipif(
+    matmul._ONEDNN_LINEAR is None, reason="this torch build has no oneDNN linear"
+)
 
 
 @needs_onednn

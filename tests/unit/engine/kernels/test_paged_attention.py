@@ -66,7 +66,12 @@ def run_step(
         ([1], [203], 9, 3),  # SmolLM2's GQA layout, a partial last block
         ([1] * 20, [1, 2, 3, 5, 8, 60, 61, 63, 4, 9, 7, 62, 6, 3, 2, 64, 1, 59, 5, 58], 4, 2),
         ([1, 7, 1, 5, 1], [33, 7, 2, 12, 17], 8, 8),  # decodes mixed with prefills (one with a cached prefix)
-        ([4, 1, 5, 4, 12], [40, 9, 5, 21, 30], 9, 3),  # speculative verifications, a fresh short prompt, a chunk
+        (
+            [4, 1, 5, 4, 12],
+            [40, 9, 5, 21, 30],
+            9,
+            3,
+        ),  # speculative verifications, a fresh short prompt, a chunk
     ],
 )
 def test_kernel_matches_the_torch_path(

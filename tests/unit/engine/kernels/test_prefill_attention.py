@@ -10,18 +10,25 @@ import torch
 
 from app.engine import kernels
 from app.engine.attention import AttentionMetadata, paged_attention, use_prefill_kernel
-from app.engine.kernels.attention import avx512_enabled, paged_prefill_attention
+from app.engine.kernels.attention import avx512_enabled, paged_decode_attention, paged_prefill_attention
 from app.engine.kernels.cpu_features import cpu_flags
 
 needs_kernel = pytest.mark.skipif(
     not kernels.available(), reason="no C compiler or no AVX2/FMA CPU: the kernel is not built here"
 )
 BUILDS = [
-    pytest.param(False, id="avx2"),
+    pytest.param("avx2", id="avx2"),
     pytest.param(
-        True,
+        "avx512",
         id="avx512",
         marks=pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no AVX-512F"),
+    ),
+    pytest.param(
+        "avx512_bf16",
+        id="avx512_bf16",
+        marks=pytest.mark.skipif(
+            not {"avx512f", "avx512_bf16"} <= cpu_flags(), reason="this CPU has no AVX512-BF16"
+        ),
     ),
 ]
 SHAPES = [(9, 3, 64), (4, 4, 16), (8, 1, 32), (6, 2, 48)]  # (heads, kv_heads, head_dim): GQA, MHA, MQA
@@ -43,11 +50,14 @@ def random_cache(
 
 
 def reference(
-    q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, ctx: int, scale: float
+    q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, ctx: int, scale: float, bf16: bool = False
 ) -> torch.Tensor:
-    """float64 causal attention of the last ``len(q)`` of ``ctx`` positions."""
+    """float64 causal attention of the last ``len(q)`` of ``ctx`` positions (of q, k, v rounded to bfloat16
+    first with ``bf16``)."""
     qlen, heads, head_dim = q.shape
     kvh = cache.shape[3]
+    if bf16:
+        q, cache = q.bfloat16(), cache.bfloat16()
     k = cache[0][table].reshape(-1, kvh, head_dim)[:ctx].double().repeat_interleave(heads // kvh, 1)
     v = cache[1][table].reshape(-1, kvh, head_dim)[:ctx].double().repeat_interleave(heads // kvh, 1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
@@ -57,11 +67,11 @@ def reference(
 
 
 @needs_kernel
-@pytest.mark.parametrize("avx512", BUILDS)
+@pytest.mark.parametrize("isa", BUILDS)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SHAPES)
 def test_kernel_matches_float64_reference(
-    avx512: bool, cache_dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, two_threads: None
+    isa: str, cache_dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, two_threads: None
 ) -> None:
     block_size, num_blocks = 16, 80
     cache = random_cache(num_blocks, block_size, kv_heads, head_dim, cache_dtype, seed=1)
@@ -70,37 +80,38 @@ def test_kernel_matches_float64_reference(
     ctxs, qlens, starts = [37, 300, 5], [37, 100, 2], [0, 37, 137]  # a whole prompt, a chunk, a tiny one
     query = torch.randn(sum(qlens), heads, head_dim, generator=gen)
     out = torch.full((sum(qlens), heads * head_dim), float("nan"))
-    assert paged_prefill_attention(query, cache, tables, ctxs, starts, qlens, 0.125, out, avx512=avx512)
+    assert paged_prefill_attention(query, cache, tables, ctxs, starts, qlens, 0.125, out, isa=isa)
     for i, (start, qlen) in enumerate(zip(starts, qlens, strict=True)):
         rows = slice(start, start + qlen)
-        expected = reference(query[rows], cache, tables[i], ctxs[i], 0.125)
-        torch.testing.assert_close(out[rows], expected, rtol=1e-5, atol=3e-6)
+        bf16 = isa == "avx512_bf16"
+        expected = reference(query[rows], cache, tables[i], ctxs[i], 0.125, bf16)
+        # bfloat16 products also round the softmax weights: about 2**-9 of each
+        tol = {"rtol": 1e-2, "atol": 5e-3} if bf16 else {"rtol": 1e-5, "atol": 3e-6}
+        torch.testing.assert_close(out[rows], expected, **tol)
 
 
 @needs_kernel
-@pytest.mark.parametrize("avx512", BUILDS)
+@pytest.mark.parametrize("isa", BUILDS)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_a_row_gets_the_same_bits_however_the_prompt_is_split(
-    avx512: bool, cache_dtype: torch.dtype, two_threads: None
+    isa: str, cache_dtype: torch.dtype, two_threads: None
 ) -> None:
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
     cache = random_cache(40, block_size, kv_heads, head_dim, cache_dtype, seed=3)
     table = torch.randperm(40, generator=torch.Generator().manual_seed(4))[:20].view(1, 20).contiguous()
     query = torch.randn(300, heads, head_dim, generator=torch.Generator().manual_seed(5))
     whole = torch.empty(300, heads * head_dim)
-    assert paged_prefill_attention(query, cache, table, [300], [0], [300], 0.1, whole, avx512=avx512)
+    assert paged_prefill_attention(query, cache, table, [300], [0], [300], 0.1, whole, isa=isa)
     for cut in (1, 7, 150, 299):  # a prefix of `cut` positions cached, the rest one chunk
         part = torch.empty(300 - cut, heads * head_dim)
-        assert paged_prefill_attention(
-            query[cut:], cache, table, [300], [0], [300 - cut], 0.1, part, avx512=avx512
-        )
+        assert paged_prefill_attention(query[cut:], cache, table, [300], [0], [300 - cut], 0.1, part, isa=isa)
         assert torch.equal(part, whole[cut:]), cut
     # Batched with other sequences (a chunk of the same prompt among them) changes nothing either.
     tables = torch.cat([table, table.flip(1), table]).contiguous()
     batch_q = torch.cat([query[:90], query[:40], query[250:]])
     batch = torch.empty(len(batch_q), heads * head_dim)
     assert paged_prefill_attention(
-        batch_q, cache, tables, [90, 40, 300], [0, 90, 130], [90, 40, 50], 0.1, batch, avx512=avx512
+        batch_q, cache, tables, [90, 40, 300], [0, 90, 130], [90, 40, 50], 0.1, batch, isa=isa
     )
     assert torch.equal(batch[:90], whole[:90])
     assert torch.equal(batch[130:], whole[250:])
@@ -151,3 +162,25 @@ def test_avx512_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not avx512_enabled()
     monkeypatch.delenv("INF_ENGINE_DISABLE_AVX512")
     assert avx512_enabled() == ("avx512f" in cpu_flags())
+
+
+@needs_kernel
+@pytest.mark.skipif(not {"avx512f", "avx512_bf16"} <= cpu_flags(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_bf16_decode_agrees_with_bf16_prefill(cache_dtype: torch.dtype, two_threads: None) -> None:
+    """A bfloat16 model decodes a position as its prefill computes it, within float32 rounding: both use
+    bfloat16 values and float32 sums (a prefix-cache hit that leaves a few tokens to the decode kernel sees
+    what the whole prompt saw). Without rounding, the decode kernel is ~1e-3 away."""
+    heads, kv_heads, head_dim, block_size, ctx = 9, 3, 64, 16, 100
+    cache = random_cache(10, block_size, kv_heads, head_dim, cache_dtype, seed=8)
+    table = torch.randperm(10, generator=torch.Generator().manual_seed(9))[:7].view(1, 7).contiguous()
+    query = torch.randn(ctx, heads, head_dim, generator=torch.Generator().manual_seed(10))
+    prefill = torch.empty(ctx, heads * head_dim)
+    assert paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, prefill, isa="avx512_bf16")
+    tables = table.expand(ctx, 7).contiguous()
+    lens = torch.arange(1, ctx + 1)
+    rounded, plain = torch.empty_like(prefill), torch.empty_like(prefill)
+    assert paged_decode_attention(query, cache, tables, lens, ctx, None, 0.125, rounded, bf16_values=True)
+    assert paged_decode_attention(query, cache, tables, lens, ctx, None, 0.125, plain)
+    torch.testing.assert_close(rounded, prefill, rtol=1e-5, atol=2e-6)
+    assert (plain - prefill).abs().max() > 1e-4
