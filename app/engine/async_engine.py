@@ -112,7 +112,9 @@ class AsyncEngine:
         self.errored: BaseException | None = None
         self.last_step_time: float | None = None  # time.time() of the last completed step
         self.last_heartbeat: float | None = None  # time.time() of the loop's last sign of life, idle or not
-        self.busy_since: float | None = None  # time.time() the engine last went from no request to one (health)
+        self.busy_since: float | None = (
+            None  # time.time() the engine last went from no request to one (health)
+        )
         self.num_steps = 0
 
     @classmethod

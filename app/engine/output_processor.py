@@ -254,7 +254,9 @@ class OutputProcessor:
             touched[req.request_id] = touched.get(req.request_id, 0) + num_new
         return touched
 
-    def _make_outputs(self, touched: dict[str, int], now: float, emit_unfinished: bool) -> list[RequestOutput]:
+    def _make_outputs(
+        self, touched: dict[str, int], now: float, emit_unfinished: bool
+    ) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         stats = self.stats
         itls: list[float] = []

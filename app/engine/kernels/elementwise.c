@@ -10,7 +10,7 @@
 
 #include "threadpool.h"
 
-int elementwise_abi_version(void) { return 2; }
+int elementwise_abi_version(void) { return 3; }
 
 #define ROWS_PER_THREAD 8
 
@@ -102,39 +102,80 @@ void add_rms_norm(const float* x, int64_t x_ld, float* residual, int64_t res_ld,
 }
 
 typedef struct {
-  const float* gu;
+  const void* gu;
   int64_t gu_ld;
-  float* out;
+  void* out;
   int64_t out_ld, rows, inter, chunks;
 } swiglu_job;
 
-static void swiglu_chunk(void* arg, int64_t c) {
-  const swiglu_job* j = (const swiglu_job*)arg;
+/* Eight bfloat16 values (uint16 bits) widened to float32 exactly. */
+static inline __m256 load8_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+/* Eight float32 values rounded to bfloat16 (to nearest even, NaN kept quiet), as PyTorch's .to(bfloat16). */
+static inline void store8_bf16(uint16_t* p, __m256 x) {
+  __m256i bits = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  rounded = _mm256_blendv_epi8(rounded, quiet, nan);
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  _mm_storeu_si128((__m128i*)p, packed);
+}
+
+static inline __attribute__((always_inline)) void swiglu_rows(const swiglu_job* j, int64_t r0, int64_t r1,
+                                                              int bf16) {
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  int64_t r0, r1;
-  row_range(j->rows, j->chunks, c, &r0, &r1);
   for (int64_t r = r0; r < r1; r++) {
-    const float* g = j->gu + r * j->gu_ld;
-    const float* u = g + j->inter;
-    float* o = j->out + r * j->out_ld;
     for (int64_t k = 0; k < j->inter; k += 8) {
-      __m256 x = _mm256_loadu_ps(g + k);
+      __m256 x, up;
+      if (bf16) {
+        const uint16_t* g = (const uint16_t*)j->gu + r * j->gu_ld;
+        x = load8_bf16(g + k);
+        up = load8_bf16(g + j->inter + k);
+      } else {
+        const float* g = (const float*)j->gu + r * j->gu_ld;
+        x = _mm256_loadu_ps(g + k);
+        up = _mm256_loadu_ps(g + j->inter + k);
+      }
       /* sigmoid(x) = 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) for x < 0: e^-|x| never overflows. */
       __m256 t = exp256_nonpositive(_mm256_or_ps(x, sign));
       __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, t));
       __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(t, inv), x); /* x's sign bit picks e^x / (1 + e^x) */
-      _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + k)));
+      __m256 y = _mm256_mul_ps(_mm256_mul_ps(x, sig), up);
+      if (bf16)
+        store8_bf16((uint16_t*)j->out + r * j->out_ld + k, y);
+      else
+        _mm256_storeu_ps((float*)j->out + r * j->out_ld + k, y);
     }
   }
 }
 
-/* out[r, j] = silu(gu[r, j]) * gu[r, inter + j]: SwiGLU on the fused gate|up projection. inter % 8 == 0. */
-void silu_mul(const float* gu, int64_t gu_ld, float* out, int64_t out_ld, int64_t rows, int64_t inter,
+static void swiglu_chunk(void* arg, int64_t c) {
+  const swiglu_job* j = (const swiglu_job*)arg;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  swiglu_rows(j, r0, r1, 0);
+}
+
+static void swiglu_chunk_bf16(void* arg, int64_t c) {
+  const swiglu_job* j = (const swiglu_job*)arg;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  swiglu_rows(j, r0, r1, 1);
+}
+
+/* out[r, j] = silu(gu[r, j]) * gu[r, inter + j]: SwiGLU on the fused gate|up projection. inter % 8 == 0. With
+ * bf16, gu and out are bfloat16 (the math is float32, the result rounded once): a bfloat16 model's MLP feeds
+ * its products' output straight in and the next product's input straight out, with no conversions between. */
+void silu_mul(const void* gu, int64_t gu_ld, void* out, int64_t out_ld, int64_t rows, int64_t inter, int bf16,
               int num_threads, int use_pool) {
   int64_t chunks = threads_for(rows, num_threads);
   swiglu_job job = {gu, gu_ld, out, out_ld, rows, inter, chunks};
-  parallel_for(chunks, swiglu_chunk, &job, num_threads, use_pool);
+  parallel_for(chunks, bf16 ? swiglu_chunk_bf16 : swiglu_chunk, &job, num_threads, use_pool);
 }
 
 typedef struct {

@@ -52,13 +52,17 @@ def add_rms_norm(
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """``silu(gate) * up`` for ``gate_up = [gate | up]`` ``[rows, 2 * inter]``."""
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` ``[rows, 2 * inter]``, float32 or bfloat16 (then the
+    result is bfloat16 too: computed in float32 and rounded once, as ``silu_mul(gate_up.float()).bfloat16()``)."""
     lib = library.get()
-    if lib is None or not _rows_ok(gate_up) or gate_up.shape[1] % 16:
+    bf16 = gate_up.dtype == torch.bfloat16
+    if lib is None or gate_up.dim() != 2 or gate_up.device.type != "cpu" or gate_up.stride(1) != 1:
+        return None
+    if gate_up.dtype not in (torch.float32, torch.bfloat16) or gate_up.shape[1] % 16:
         return None
     rows, width = gate_up.shape
     inter = width // 2
-    out = torch.empty(rows, inter, dtype=torch.float32)
+    out = torch.empty(rows, inter, dtype=gate_up.dtype)
     lib.silu_mul(
         gate_up.data_ptr(),
         gate_up.stride(0),
@@ -66,6 +70,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
         inter,
         rows,
         inter,
+        int(bf16),
         torch.get_num_threads(),
         library.use_pool(rows),
     )

@@ -20,7 +20,7 @@ _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 6,
     "prefill_attention_abi_version": 2,
-    "elementwise_abi_version": 2,
+    "elementwise_abi_version": 3,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -59,7 +59,8 @@ _SIGNATURES: dict[str, list[type]] = {
         _i64,
         _int,
         _int,
-    ],  # gate_up, ld, out, out_ld, rows, inter, ...
+        _int,
+    ],  # gu, ld, out, ld, rows, inter, bf16, ...
     # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
 }

@@ -70,7 +70,9 @@ def dequantize_q4_1(raw: np.ndarray, numel: int) -> np.ndarray:
     return (d * q + m).reshape(-1)
 
 
-def q4_groups(raw: np.ndarray, qtype: int, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def q4_groups(
+    raw: np.ndarray, qtype: int, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A Q4_0/Q4_1 matrix ``[rows, cols]`` kept in its own blocks: codes ``[rows, cols]`` (uint8, 0..15) and,
     per block of 32 along a row, ``scale`` and ``zero`` ``[rows, cols / 32]`` (float32) with
     ``weight = (code - 8) * scale + zero``. Q4_0 is ``d * (q - 8)`` (zero 0); Q4_1 is ``d * q + m``, which is

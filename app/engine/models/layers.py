@@ -115,6 +115,26 @@ def rope_cos_sin(
     return freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
 
 
+def bf16_swiglu_mlp(x: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor | None:
+    """``down(silu_mul(gate_up(x)))`` for bfloat16 weights and float32 ``x`` (CPU), with the middle kept in
+    bfloat16: oneDNN's product is bfloat16 anyway, so the widest tensors of the layer skip two conversions
+    (to float32 and back) and the numbers stay those of the float32 route. None when it does not apply."""
+    if (
+        x.dtype != torch.float32
+        or gate_up.scales is not None
+        or down.scales is not None
+        or gate_up.bias is not None
+        or gate_up.weight.dtype != torch.bfloat16
+        or down.weight.dtype != torch.bfloat16
+    ):
+        return None
+    gu = bf16_linear(x, gate_up.weight, keep_bf16=True)
+    if gu is None:
+        return None
+    h = kernels.silu_mul(gu)
+    return bf16_linear(silu_mul(gu.float()) if h is None else h, down.weight, down.bias)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU ``silu(gate) * up`` of a fused ``[gate | up]`` projection."""
     fused = kernels.silu_mul(gate_up)

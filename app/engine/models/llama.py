@@ -19,6 +19,7 @@ from app.engine.models.layers import (
     Linear,
     RMSNorm,
     apply_rope_,
+    bf16_swiglu_mlp,
     placeholder,
     rope_cos_sin,
     silu_mul,
@@ -68,7 +69,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        fused = bf16_swiglu_mlp(x, self.gate_up_proj, self.down_proj)
+        return self.down_proj(silu_mul(self.gate_up_proj(x))) if fused is None else fused
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from app.engine import kernels
-from app.engine.models.layers import RMSNorm, apply_rope, apply_rope_, silu_mul
+from app.engine.kernels.cpu_features import bf16_products_supported
+from app.engine.models.layers import Linear, RMSNorm, apply_rope, apply_rope_, bf16_swiglu_mlp, silu_mul
 
 needs_kernel = pytest.mark.skipif(
     not kernels.available(), reason="no C compiler or no AVX2/FMA CPU: the kernels are not built here"
@@ -99,3 +100,32 @@ def test_layer_helpers_agree_with_and_without_kernels(use_kernels: bool) -> None
     torch.testing.assert_close(out, F.rms_norm(x + res, (64,), norm.weight, 1e-6), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rotated, apply_rope(qk, angles.cos(), angles.sin()), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(swiglu, F.silu(gate_up[:, :32]) * gate_up[:, 32:], rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", ROWS)
+def test_silu_mul_in_bfloat16_rounds_the_float32_result_once(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 1536, generator=gen) * 6).bfloat16()
+    gate_up[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    got = kernels.silu_mul(gate_up)
+    want = kernels.silu_mul(gate_up.float())
+    assert got is not None and want is not None and got.dtype == torch.bfloat16
+    assert torch.equal(got[:, 3:], want.bfloat16()[:, 3:])  # bit for bit: one rounding, to nearest even
+    assert got[0, 0].isnan()
+
+
+@needs_kernel
+@pytest.mark.skipif(not bf16_products_supported(), reason="no bfloat16 products on this CPU")
+def test_bf16_mlp_keeps_its_middle_in_bfloat16_with_the_same_numbers() -> None:
+    gen = torch.Generator().manual_seed(11)
+    gate_up, down = Linear(64, 256, bias=False), Linear(128, 64, bias=False)
+    gate_up.weight = torch.nn.Parameter(torch.randn(256, 64, generator=gen).bfloat16(), requires_grad=False)
+    down.weight = torch.nn.Parameter(torch.randn(64, 128, generator=gen).bfloat16(), requires_grad=False)
+    x = torch.randn(37, 64, generator=gen)
+    with torch.inference_mode():
+        fused = bf16_swiglu_mlp(x, gate_up, down)
+        plain = down(silu_mul(gate_up(x)))
+    assert fused is not None and fused.dtype == torch.float32
+    assert torch.equal(fused, plain)
+    assert bf16_swiglu_mlp(x.double(), gate_up, down) is None
