@@ -144,9 +144,14 @@ TGT_BF16 static void tile_task_bf16dot(void* arg, int64_t task) {
   for (int u = 0; u < TILE; u++) {
     float* row = scores + u * pad;
     inv[u] = 1.0f / softmax_row_avx512(row, limit[u], upto2);
-    uint32_t* pairs = (uint32_t*)row;
-    for (int64_t jp = 0; jp < upto2 / 2; jp++)
-      pairs[jp] = (uint32_t)f32_to_bf16(row[2 * jp]) | (uint32_t)f32_to_bf16(row[2 * jp + 1]) << 16;
+    /* in order, so that each 32-bit lane is a pair of positions; written behind what is still to be read */
+    uint16_t* w = (uint16_t*)row;
+    int64_t p = 0;
+    for (; p + 16 <= upto2; p += 16)
+      _mm256_storeu_si256((__m256i*)(w + p), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + p)));
+    float tail[16]; /* read the tail out first: the row is read as float and written as uint16 */
+    memcpy(tail, row + p, (size_t)(upto2 - p) * sizeof(float));
+    for (int64_t i = 0; p + i < upto2; i++) w[p + i] = f32_to_bf16(tail[i]);
   }
   for (int u = 0; u < TILE; u++)
     if (!out[u]) out[u] = spare;
