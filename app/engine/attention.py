@@ -186,8 +186,8 @@ class AttentionMetadata:
     # Set by the model for the duration of its forward (scratch for gathers); None allocates per call.
     workspace: AttentionWorkspace | None = field(default=None, repr=False)
     decode_index: _DecodeIndex | None = field(init=False, default=None, repr=False)
-    # A bfloat16 model on a CPU with AVX512-BF16: the C kernels attend in bfloat16 values (q, K, V and softmax
-    # weights rounded, as a bfloat16 SDPA computes), float32 sums; prefill by bfloat16 products.
+    # A bfloat16 model on a CPU with AVX512-BF16: the C kernels attend to bfloat16 values (q, K and V rounded,
+    # as a bfloat16 SDPA has them), scores by bfloat16 products, float32 weights and sums.
     bf16_products: bool = False
     # Set by the CUDA-graph runner: the fixed-shape decode layout its graphs replay (see StaticDecode).
     static_decode: StaticDecode | None = field(default=None, repr=False)

@@ -54,9 +54,10 @@ def paged_decode_attention(
     valid block id), ``context_lens`` ``[seqs]`` int64, ``rows`` the query row of each sequence (None: row i is
     sequence i). Writes those rows of ``out`` ``[T, heads * head_dim]``.
 
-    ``bf16_values`` (a bfloat16 model): the query, keys, values and softmax weights are rounded to bfloat16 and
-    summed in float32, as :func:`paged_prefill_attention` does with ``bf16_products``, so that a position
-    decoded here stays within float32 rounding of the same position prefilled there.
+    ``bf16_values`` (a bfloat16 model): the query, keys and values are rounded to bfloat16, the softmax weights
+    and every sum stay float32, as in :func:`paged_prefill_attention` with ``bf16_products``, so that a position
+    decoded here stays within float32 rounding of the same position prefilled there. On a bfloat16 cache with
+    AVX512-BF16, the scores are bfloat16 products.
     """
     lib = library.get()
     if lib is None:
@@ -85,8 +86,12 @@ def paged_decode_attention(
         or (rows is not None and (rows.dtype != torch.int64 or not rows.is_contiguous()))
     ):
         return False
+    mode = 0
     if bf16_values:
-        query = query.to(torch.bfloat16).float()  # a copy: the rows the caller keeps are not rounded
+        dots = kv_cache.dtype == torch.bfloat16 and head_dim % 32 == 0 and prefill_isa(True) == "avx512_bf16"
+        mode = 2 if dots else 1  # 2: AVX512-BF16 products on the bfloat16 cache; 1: the same values, AVX2
+        if not dots:
+            query = query.to(torch.bfloat16).float()  # a copy: the rows the caller keeps are not rounded
     threads = torch.get_num_threads()
     # Scores, then int64 cache-row indices; even, so every thread's part stays 8-byte aligned.
     per_thread = (heads + 2) * max_context_len + 2 & ~1
@@ -97,7 +102,7 @@ def paged_decode_attention(
         kv_cache[0].data_ptr(),
         kv_cache[1].data_ptr(),
         int(kv_cache.dtype == torch.bfloat16),
-        int(bf16_values),
+        mode,
         block_tables.data_ptr(),
         block_tables.stride(0),
         context_lens.data_ptr(),
@@ -141,8 +146,8 @@ def paged_prefill_attention(
     heads * head_dim]``. A query row's numbers depend only on its own query and context, never on the other rows
     of the call, so a prompt gives the same bits whole, in chunks, or after a prefix-cache hit.
 
-    ``bf16_products``: a bfloat16 model's precision, where the CPU has it: queries, keys, values and softmax
-    weights rounded to bfloat16, float32 sums (as a bfloat16 SDPA computes). ``isa`` forces a build of
+    ``bf16_products``: a bfloat16 model's precision, where the CPU has it: queries, keys and values rounded to
+    bfloat16 (as a bfloat16 SDPA has them), the scores by bfloat16 products, float32 weights and sums. ``isa`` forces a build of
     :data:`PREFILL_ISAS` (None: :func:`prefill_isa`).
     """
     lib = library.get()

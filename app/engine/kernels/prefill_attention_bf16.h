@@ -1,12 +1,13 @@
-/* The prefill kernel with bfloat16 products (AVX512-BF16 `vdpbf16ps`: 32 multiply-adds of bfloat16 pairs into
- * 16 float32 sums per instruction, twice the float32 rate), for models that run in bfloat16: queries, keys,
- * values and the softmax weights are rounded to bfloat16 (as a bfloat16 SDPA does), every sum stays float32.
- * Included by prefill_attention.c after the AVX-512 build, whose softmax it shares; same tiling, same
- * per-vector arithmetic whatever the tile holds, so it is exact across chunking as the float32 builds are.
+/* The prefill kernel with bfloat16 scores (AVX512-BF16 `vdpbf16ps`: 32 multiply-adds of bfloat16 pairs into
+ * 16 float32 sums per instruction, twice the float32 rate), for models that run in bfloat16: queries, keys and
+ * values are bfloat16 values (as a bfloat16 SDPA has them), every sum and the softmax weights stay float32.
+ * The weights are not rounded: the decode kernel computes a position's scores in another order, and a weight
+ * rounded to bfloat16 would amplify that float32 rounding difference into a bfloat16 one.
+ * Included by prefill_attention.c after the AVX-512 build, whose softmax and value sum it shares; same tiling,
+ * same per-vector arithmetic whatever the tile holds, so it is exact across chunking as the float32 builds are.
  *
- * Layouts (uint16 bfloat16 bits, pairs adjacent so that one 32-bit lane holds a pair):
- *   keys   [head_dim / 2][pad][2]: lane p of a vector holds dims (2i, 2i+1) of position p;
- *   values [pad / 2][head_dim][2]: lane d holds positions (2j, 2j+1) of dim d.
+ * Keys (uint16 bfloat16 bits) are laid out [head_dim / 2][pad][2]: lane p of a vector holds dims (2i, 2i+1) of
+ * position p. Values are float32 [pad][head_dim], as in the float32 builds.
  */
 #define TGT_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma")))
 
@@ -26,20 +27,18 @@ TGT_BF16 static void gather_task_bf16dot(void* arg, int64_t task) {
   int64_t s = task / j->kvh, kh = task % j->kvh;
   int64_t ctx = j->ctx[s], pad = round_up(ctx, PAD), hd = j->hd;
   uint16_t* kt = (uint16_t*)(j->kv_scratch + j->kv_off[s] + kh * 2 * hd * pad);
-  uint16_t* v = kt + hd * pad;
+  float* v = j->kv_scratch + j->kv_off[s] + kh * 2 * hd * pad + hd * pad;
   const int64_t* table = j->tables + s * j->bt_stride;
   for (int64_t p = 0; p < ctx; p++) {
     int64_t base = ((table[p / j->bs] * j->bs + p % j->bs) * j->kvh + kh) * hd;
     for (int64_t d = 0; d < hd; d++) {
       kt[((d >> 1) * pad + p) * 2 + (d & 1)] = cache_bf16(j->k_cache, base + d, j->kv_bf16);
-      v[((p >> 1) * hd + d) * 2 + (p & 1)] = cache_bf16(j->v_cache, base + d, j->kv_bf16);
+      v[p * hd + d] = bf16_to_f32(cache_bf16(j->v_cache, base + d, j->kv_bf16));
     }
   }
   for (int64_t p = ctx; p < pad; p++)
-    for (int64_t d = 0; d < hd; d++) {
-      kt[((d >> 1) * pad + p) * 2 + (d & 1)] = 0;
-      v[((p >> 1) * hd + d) * 2 + (p & 1)] = 0;
-    }
+    for (int64_t d = 0; d < hd; d++) kt[((d >> 1) * pad + p) * 2 + (d & 1)] = 0;
+  memset(v + ctx * hd, 0, (size_t)((pad - ctx) * hd) * sizeof(float));
 }
 
 TGT_BF16 static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
@@ -70,46 +69,6 @@ TGT_BF16 static void tile_scores_bf16dot(const uint32_t* qt, const uint16_t* kt,
   }
 }
 
-/* out_u = inv_u * sum_p w[u][p] v_p over positions [0, upto) (even), pairs of positions in order; w holds the
- * weights as bfloat16 pairs, [TILE][pad / 2]. 6 vectors x 4 column vectors of accumulators at a time. */
-TGT_BF16 static inline __attribute__((always_inline)) void values_block_bf16dot(
-    const uint32_t* w, int64_t pairs_ld, const uint16_t* v, int64_t hd, int64_t upto, int64_t c0,
-    const float* inv, float* const* out, const int NC) {
-  __m512 acc[6][4];
-  for (int u = 0; u < 6; u++)
-    for (int c = 0; c < NC; c++) acc[u][c] = _mm512_setzero_ps();
-  for (int64_t jp = 0; jp < upto / 2; jp++) {
-    __m512bh vp[4];
-    for (int c = 0; c < NC; c++) vp[c] = as_bh(_mm512_loadu_si512(v + (jp * hd + c0 + c * 16) * 2));
-    for (int u = 0; u < 6; u++) {
-      __m512bh wp = as_bh(_mm512_set1_epi32((int)w[u * pairs_ld + jp]));
-      for (int c = 0; c < NC; c++) acc[u][c] = _mm512_dpbf16_ps(acc[u][c], wp, vp[c]);
-    }
-  }
-  for (int u = 0; u < 6; u++)
-    for (int c = 0; c < NC; c++)
-      _mm512_storeu_ps(out[u] + c0 + c * 16, _mm512_mul_ps(acc[u][c], _mm512_set1_ps(inv[u])));
-}
-
-TGT_BF16 static void tile_values_bf16dot(const uint32_t* w, int64_t pairs_ld, const uint16_t* v, int64_t hd,
-                                         int64_t upto, const float* inv, float* const* out) {
-  for (int64_t c0 = 0; c0 < hd;) {
-    int64_t left = (hd - c0) / 16;
-    for (int u0 = 0; u0 < TILE; u0 += 6) {
-      const uint32_t* wu = w + u0 * pairs_ld;
-      if (left >= 4)
-        values_block_bf16dot(wu, pairs_ld, v, hd, upto, c0, inv + u0, out + u0, 4);
-      else if (left == 3)
-        values_block_bf16dot(wu, pairs_ld, v, hd, upto, c0, inv + u0, out + u0, 3);
-      else if (left == 2)
-        values_block_bf16dot(wu, pairs_ld, v, hd, upto, c0, inv + u0, out + u0, 2);
-      else
-        values_block_bf16dot(wu, pairs_ld, v, hd, upto, c0, inv + u0, out + u0, 1);
-    }
-    c0 += (left >= 4 ? 4 : left) * 16;
-  }
-}
-
 TGT_BF16 static void tile_task_bf16dot(void* arg, int64_t task) {
   const prefill_job* j = (const prefill_job*)arg;
   int64_t s = 0;
@@ -135,27 +94,14 @@ TGT_BF16 static void tile_task_bf16dot(void* arg, int64_t task) {
   }
   int64_t upto = limit[TILE - 1];
   const uint16_t* kt = (const uint16_t*)(j->kv_scratch + j->kv_off[s] + kh * 2 * hd * pad);
-  const uint16_t* v = kt + hd * pad;
+  const float* v = j->kv_scratch + j->kv_off[s] + kh * 2 * hd * pad + hd * pad;
   float* scores = j->scratch + (int64_t)thread_slot() * j->scratch_per_thread;
-  /* the weights as bfloat16 pairs overwrite the front of their own row of scores, which is read first */
-  float* spare = scores + TILE * pad;
-  int64_t upto2 = round_up(upto, 2);
+  float* spare = scores + TILE * pad; /* a short tile's repeated vectors write their output here */
   tile_scores_bf16dot(qt, kt, pad, hd, round_up(upto, 16), j->scale, scores);
-  for (int u = 0; u < TILE; u++) {
-    float* row = scores + u * pad;
-    inv[u] = 1.0f / softmax_row_avx512(row, limit[u], upto2);
-    /* in order, so that each 32-bit lane is a pair of positions; written behind what is still to be read */
-    uint16_t* w = (uint16_t*)row;
-    int64_t p = 0;
-    for (; p + 16 <= upto2; p += 16)
-      _mm256_storeu_si256((__m256i*)(w + p), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + p)));
-    float tail[16]; /* read the tail out first: the row is read as float and written as uint16 */
-    memcpy(tail, row + p, (size_t)(upto2 - p) * sizeof(float));
-    for (int64_t i = 0; p + i < upto2; i++) w[p + i] = f32_to_bf16(tail[i]);
-  }
+  for (int u = 0; u < TILE; u++) inv[u] = 1.0f / softmax_row_avx512(scores + u * pad, limit[u], upto);
   for (int u = 0; u < TILE; u++)
     if (!out[u]) out[u] = spare;
-  tile_values_bf16dot((const uint32_t*)scores, pad, v, hd, upto2, inv, out);
+  tile_values_avx512(scores, pad, v, hd, upto, inv, out);
 }
 
 TGT_BF16 static void prefill_attention_bf16dot(prefill_job* job, int nthreads, int use_pool) {
