@@ -88,17 +88,25 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="INF_ENGINE_", extra="ignore", validate_default=True)
 
-    data_dir: Path = Field(default=Path(".inf-engine"), description="Where local state (checkpoints, caches) lives")
+    data_dir: Path = Field(
+        default=Path(".inf-engine"), description="Where local state (checkpoints, caches) lives"
+    )
     log_level: str = "INFO"
-    database_url: str | None = Field(default=None, description="SQLAlchemy URL; SQLite in data_dir when unset")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; SQLite in data_dir when unset"
+    )
     database_password: str | None = Field(
         default=None,
         repr=False,
         description="Password for database_url (replaces the URL's own): a secret kept apart from the URL",
     )
     redis_url: str | None = Field(default=None, description="Redis URL for Celery and global limits")
-    api_keys: list[str] = Field(default_factory=list, description="Bearer keys accepted on /v1/*; empty = open")
-    resources_file: Path | None = Field(default=None, description="Default ResourceConfig file (TOML or YAML)")
+    api_keys: list[str] = Field(
+        default_factory=list, description="Bearer keys accepted on /v1/*; empty = open"
+    )
+    resources_file: Path | None = Field(
+        default=None, description="Default ResourceConfig file (TOML or YAML)"
+    )
     pipeline_modules: list[str] = Field(
         default_factory=list,
         description="Modules the operator registers (imported at start): their pipeline Module classes (or a "
@@ -118,7 +126,9 @@ class Settings(BaseSettings):
     )
     max_waiting: int = Field(default=256, ge=1, description="Requests queued beyond this answer HTTP 429")
     num_threads: int | None = Field(
-        default=None, ge=1, description="torch threads of the in-process engines (native, transformers); unset = torch's"
+        default=None,
+        ge=1,
+        description="torch threads of the in-process engines (native, transformers); unset = torch's",
     )
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         default="fcfs", description="Native engine: 'priority' serves lower request priority values first"
@@ -129,7 +139,9 @@ class Settings(BaseSettings):
         "longest ago), 'lfu' (used by the fewest requests) or 'fifo' (cached first)",
     )
     prefix_cache_ttl_s: float | None = Field(
-        default=None, gt=0, description="Native engine: seconds an unused cached prefix is kept; unset = until evicted"
+        default=None,
+        gt=0,
+        description="Native engine: seconds an unused cached prefix is kept; unset = until evicted",
     )
     batching_strategy: Literal["continuous", "bucketed", "memory_aware"] = Field(
         default="continuous",
@@ -138,7 +150,9 @@ class Settings(BaseSettings):
         "free KV cache, so fewer preemptions)",
     )
     batching_bucket_size: int = Field(
-        default=128, ge=1, description="Native engine, bucketed batching: prompt-length bucket width in tokens"
+        default=128,
+        ge=1,
+        description="Native engine, bucketed batching: prompt-length bucket width in tokens",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
@@ -146,7 +160,9 @@ class Settings(BaseSettings):
         "with AVX512-BF16 (products in bfloat16, activations in float32 on CPU), float32 otherwise",
     )
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto", description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU)"
+        default="auto",
+        description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU), or bfloat16 for "
+        "bfloat16 weights on a CPU with AVX512-BF16, whose attention reads bfloat16 values",
     )
     enforce_eager: bool = Field(
         default=False,
@@ -187,37 +203,53 @@ class Settings(BaseSettings):
     upstream_timeout: float = Field(default=600.0, gt=0, description="Seconds per proxied upstream request")
 
     # --- jobs (``/v1/jobs``), the embedded executor, and the CLI that talks to a server ------------------------
-    db_auto_upgrade: bool = Field(default=True, description="The server runs the database migrations at start")
-    jobs_max_items: int = Field(default=100_000, ge=1, description="Items one job may hold (more answers 413)")
+    db_auto_upgrade: bool = Field(
+        default=True, description="The server runs the database migrations at start"
+    )
+    jobs_max_items: int = Field(
+        default=100_000, ge=1, description="Items one job may hold (more answers 413)"
+    )
     jobs_max_bytes: int = Field(
-        default=100 * 1024 * 1024, ge=1, description="Largest job request body / input file in bytes (413 beyond)"
+        default=100 * 1024 * 1024,
+        ge=1,
+        description="Largest job request body / input file in bytes (413 beyond)",
     )
     max_request_bytes: int = Field(
-        default=200 * 1024 * 1024, ge=1,
+        default=200 * 1024 * 1024,
+        ge=1,
         description="Largest HTTP request body in bytes on any route (413 beyond; /tokenize and /detokenize take "
         "at most 4 MiB, jobs and files at most jobs_max_bytes)",
     )
     jobs_max_running: int = Field(default=4, ge=1, description="Jobs the embedded executor runs at once")
     jobs_poll_interval: float = Field(
-        default=1.0, gt=0, description="Seconds between the embedded executor's looks for new or cancelled jobs"
+        default=1.0,
+        gt=0,
+        description="Seconds between the embedded executor's looks for new or cancelled jobs",
     )
     api_url: str | None = Field(
-        default=None, description="Server the CLI's job commands talk to (default: http://serve_host:serve_port)"
+        default=None,
+        description="Server the CLI's job commands talk to (default: http://serve_host:serve_port)",
     )
     api_key: str | None = Field(default=None, description="Bearer key the CLI sends to the server")
 
     # --- distributed execution: Celery on Redis, global endpoint limits, Flower (deploy/README.md says why) -----
     redis_prefix: str = Field(
-        default="inf", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key we and Celery write"
+        default="inf",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Prefix of every Redis key we and Celery write",
     )
     celery_queue_prefix: str = Field(
-        default="inf", pattern=r"^[A-Za-z0-9_-]+$", description="Queues are <prefix>.cpu, <prefix>.llm, <prefix>.engine"
+        default="inf",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="Queues are <prefix>.cpu, <prefix>.llm, <prefix>.engine",
     )
     celery_task_time_limit: float = Field(
         default=3600.0, gt=0, description="Seconds one task may run before its worker kills it (hard limit)"
     )
     celery_visibility_timeout: float = Field(
-        default=7200.0, gt=0, description="Seconds before Redis re-delivers an unacknowledged task (> the time limit)"
+        default=7200.0,
+        gt=0,
+        description="Seconds before Redis re-delivers an unacknowledged task (> the time limit)",
     )
     celery_task_events: bool = Field(
         default=True,
@@ -225,22 +257,30 @@ class Settings(BaseSettings):
         "and Flower then sees tasks only after its next enable_events broadcast",
     )
     worker_name: str | None = Field(
-        default=None, min_length=1, description="Celery node name of `inf-engine worker` (default <role>.<pid>@<host>)"
+        default=None,
+        min_length=1,
+        description="Celery node name of `inf-engine worker` (default <role>.<pid>@<host>)",
     )
     worker_concurrency: int | None = Field(
         default=None, ge=1, description="Tasks a plain worker runs at once (default: one process per CPU)"
     )
     engine_worker_concurrency: int = Field(
-        default=32, ge=1, description="Tasks an --engine worker feeds its one in-process engine at once (threads)"
+        default=32,
+        ge=1,
+        description="Tasks an --engine worker feeds its one in-process engine at once (threads)",
     )
-    flower_address: str = Field(default="127.0.0.1", min_length=1, description="Address `inf-engine flower` binds")
+    flower_address: str = Field(
+        default="127.0.0.1", min_length=1, description="Address `inf-engine flower` binds"
+    )
     flower_port: int = Field(default=5555, ge=1, le=65535, description="Port `inf-engine flower` listens on")
     flower_user: str = Field(default="admin", min_length=1, description="Flower basic-auth user")
     flower_password: str | None = Field(
         default=None, repr=False, description="Flower basic-auth password (required: Flower can revoke tasks)"
     )
     beat_lock_ttl: float = Field(
-        default=30.0, ge=1, description="Seconds a dead beat's lock outlives it (then a standby beat takes over)"
+        default=30.0,
+        ge=1,
+        description="Seconds a dead beat's lock outlives it (then a standby beat takes over)",
     )
     evaluation_schedule_interval: float = Field(
         default=30.0, gt=0, description="Seconds between two looks of beat for due scheduled evaluations"
@@ -249,26 +289,34 @@ class Settings(BaseSettings):
         default=5, ge=1, description="Deliveries that may start one node on workers before its item fails"
     )
     node_lease_seconds: float = Field(
-        default=60.0, gt=0,
+        default=60.0,
+        gt=0,
         description="Lease of a node a worker runs (renewed every third); once it lapses the sweeper re-queues it",
     )
     node_retry_delay: float = Field(
-        default=1.0, ge=0, description="First backoff in seconds of a transient node failure (doubled per attempt)"
+        default=1.0,
+        ge=0,
+        description="First backoff in seconds of a transient node failure (doubled per attempt)",
     )
     node_stale_seconds: float = Field(
-        default=30.0, gt=0,
+        default=30.0,
+        gt=0,
         description="A queued node not taken this long after it was due, with its queue empty, is sent again",
     )
     sweep_interval: float = Field(
         default=10.0, gt=0, description="Seconds between two runs of the sweeper (a beat task)"
     )
     node_group: int = Field(
-        default=8, ge=1, le=64,
+        default=8,
+        ge=1,
+        le=64,
         description="Ready nodes of one job (same queue and priority; of a job of 16 items or more) one node-task "
         "message may carry; a worker runs them together (its calls in flight stay within --concurrency)",
     )
     node_local_chain: int = Field(
-        default=4, ge=0, le=64,
+        default=4,
+        ge=0,
+        le=64,
         description="Rounds of dependents one delivery runs at once when they become ready on its own queue (0: "
         "send each)",
     )
@@ -297,7 +345,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return split_list_value(value, shell=SHELL_WORDS in field.metadata)
         if isinstance(value, list):
-            return [v.strip() if isinstance(v, str) else v for v in value if not (isinstance(v, str) and not v.strip())]
+            return [
+                v.strip() if isinstance(v, str) else v
+                for v in value
+                if not (isinstance(v, str) and not v.strip())
+            ]
         return value
 
     @field_validator("log_level")
@@ -347,7 +399,9 @@ class Settings(BaseSettings):
             try:
                 sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
             except tomllib.TOMLDecodeError as exc:
-                raise ConfigFileInvalidError(f"settings file {path} is not valid TOML: {exc}; fix it") from None
+                raise ConfigFileInvalidError(
+                    f"settings file {path} is not valid TOML: {exc}; fix it"
+                ) from None
         elif CONFIG_FILE_ENV in os.environ:
             raise ConfigFileMissingError(
                 f"{CONFIG_FILE_ENV} names {path}, which does not exist; point it at a TOML file, or unset it"
@@ -381,7 +435,13 @@ def _where(field: str, given: Mapping[str, str]) -> str:
 
 def _example(field: str, where: str, value: Any) -> str:
     """``value`` written the way the setting was given: a variable, a command-line option or a TOML key."""
-    text = str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+    text = (
+        str(value).lower()
+        if isinstance(value, bool)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )
     if where.startswith(ENV_PREFIX):
         return f"{where}={text}"
     if where.startswith("-"):
@@ -398,7 +458,7 @@ def _hint(field: str, where: str) -> str:
     if _is_list_field(info):
         if SHELL_WORDS in info.metadata:
             return f"give shell words ({name}='--a 1 --b') or a JSON list ({name}='[\"--a\", \"1\"]')"
-        return f"give a comma-separated list ({name}=a,b) or a JSON list ({name}='[\"a\", \"b\"]')"
+        return f'give a comma-separated list ({name}=a,b) or a JSON list ({name}=\'["a", "b"]\')'
     if info.default is not None and isinstance(info.default, str | int | float | bool | Path):
         return f"e.g. {_example(field, where, info.default)}"
     return f"expected: {info.description}" if info.description else ""
@@ -412,7 +472,9 @@ def _validation_line(error: Mapping[str, Any], given: Mapping[str, str]) -> str:
         return f"invalid settings: {message}" + (f" ({', '.join(names)})" if names else "")
     field = str(loc[0])
     value = error.get("input")
-    shown = "" if _SECRET_FIELD.search(field) or not isinstance(value, str | int | float) else repr(value)[:60]
+    shown = (
+        "" if _SECRET_FIELD.search(field) or not isinstance(value, str | int | float) else repr(value)[:60]
+    )
     got = f" (got {shown})" if shown and shown not in message else ""
     where = _where(field, given)
     hint = _hint(field, where)

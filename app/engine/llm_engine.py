@@ -37,6 +37,7 @@ from app.engine.core.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.guided.matcher import GuidedDecoding
 from app.engine.input_processor import InputProcessor, PromptInput, TokenizedPrompt
+from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.metrics import EngineStats, StatsCollector
 from app.engine.model_runner import ModelRunner
 from app.engine.models.base import PagedCausalLM
@@ -75,7 +76,8 @@ class EngineConfig:
     # or quantized checkpoint (GGUF), on a CPU with AVX512-BF16; float32 otherwise. bfloat16 on CPU means
     # bfloat16 weights and products, float32 activations (see app.engine.models.base.compute_dtype_for).
     dtype: str | torch.dtype = "auto"
-    # "auto": the activations' dtype (float32 on CPU, also under bfloat16 weights); or "float32" / "bfloat16"
+    # "auto": the activations' dtype, but bfloat16 under bfloat16 weights on a CPU with AVX512-BF16 (its attention
+    # reads bfloat16 values); or "float32" / "bfloat16"
     kv_cache_dtype: str = "auto"
     # Weight-only quantization of the matrix products: None, "int8" or "gguf" (app.engine.models.quantization)
     quantization: str | None = None
@@ -169,11 +171,18 @@ class EngineConfig:
         sixteen_bit = checkpoint in (torch.bfloat16, torch.float16)
         return torch.bfloat16 if sixteen_bit and bf16_products_supported() else torch.float32
 
-    def resolve_kv_cache_dtype(self, dtype: torch.dtype, compute_dtype: torch.dtype) -> torch.dtype:
-        # "auto" keeps the cache in the activations' dtype: float32 under bfloat16 weights on CPU. A bfloat16
-        # cache there halves the attention's bytes but measured only ~4% faster on long mixed prompts, and
-        # flipped near-tie greedy answers of SmolLM2 (its first token of "What is the capital of France?")
-        return compute_dtype if self.kv_cache_dtype == "auto" else _DTYPES[self.kv_cache_dtype]
+    def resolve_kv_cache_dtype(
+        self, dtype: torch.dtype, compute_dtype: torch.dtype, device: torch.device | None = None
+    ) -> torch.dtype:
+        """ "auto": the activations' dtype, except for bfloat16 weights on a CPU with AVX512-BF16, whose
+        attention reads keys and values as bfloat16 values (q, K, V rounded, as a bfloat16 SDPA has them): there
+        a bfloat16 cache holds exactly what is read, at half the bytes, as vLLM's "auto" does."""
+        if self.kv_cache_dtype != "auto":
+            return _DTYPES[self.kv_cache_dtype]
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        if on_cpu and dtype == torch.bfloat16 and bf16_attention_supported():
+            return torch.bfloat16
+        return compute_dtype
 
 
 # ---- the engine ------------------------------------------------------------------------------------------
@@ -254,7 +263,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
-        self.kv_cache_dtype = config.resolve_kv_cache_dtype(dtype, model.compute_dtype)
+        self.kv_cache_dtype = config.resolve_kv_cache_dtype(dtype, model.compute_dtype, device)
         self.model_name = (
             config.served_model_name or model_config.name or str(config.model or "SmolLM2-135M-Instruct")
         )

@@ -18,7 +18,7 @@ from app.engine.attention import AttentionMetadata, allocate_kv_cache
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
 from app.engine.cuda_graphs import DecodeGraphRunner
-from app.engine.kernels.attention import prefill_isa
+from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.models.base import PagedCausalLM
 
 __all__ = ["ModelRunner", "RunnerTimings", "StepBatch"]
@@ -87,7 +87,7 @@ class ModelRunner:
         self.bf16_products = (
             self.device.type == "cpu"
             and model.lm_head_weight().dtype == torch.bfloat16
-            and prefill_isa(bf16_products=True) == "avx512_bf16"
+            and bf16_attention_supported()
         )
         # bfloat16 or int8 products run on OpenMP at every size: keep the C kernels on the same threads
         self.openmp_only = model.lm_head_weight().dtype != torch.float32 or any(

@@ -35,6 +35,11 @@ def prefill_isa(bf16_products: bool) -> str:
     return "avx512"
 
 
+def bf16_attention_supported() -> bool:
+    """A bfloat16 model's attention runs on bfloat16 values with bfloat16 products here (AVX512-BF16)."""
+    return prefill_isa(bf16_products=True) == "avx512_bf16"
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -88,7 +93,7 @@ def paged_decode_attention(
         return False
     mode = 0
     if bf16_values:
-        dots = kv_cache.dtype == torch.bfloat16 and head_dim % 32 == 0 and prefill_isa(True) == "avx512_bf16"
+        dots = kv_cache.dtype == torch.bfloat16 and head_dim % 32 == 0 and bf16_attention_supported()
         mode = 2 if dots else 1  # 2: AVX512-BF16 products on the bfloat16 cache; 1: the same values, AVX2
         if not dots:
             query = query.to(torch.bfloat16).float()  # a copy: the rows the caller keeps are not rounded

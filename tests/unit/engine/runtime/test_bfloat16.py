@@ -13,6 +13,7 @@ import torch
 
 import app.engine.kernels.cpu_features as cpu_features
 from app.engine import LLMEngine, SamplingParams
+from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.loading import checkpoint_dtype, load_model
 from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
 
@@ -50,7 +51,10 @@ def test_layout_and_cache_dtype(
     engine = make_bf16(kv_cache_dtype="auto")
     model = engine.runner.model
     assert engine.dtype == torch.bfloat16 and model.compute_dtype == torch.float32
-    assert engine.kv_cache_dtype == torch.float32  # auto: the activations' dtype
+    # auto: bfloat16 where the attention reads bfloat16 values (AVX512-BF16), else the activations' dtype
+    assert engine.kv_cache_dtype == (torch.bfloat16 if bf16_attention_supported() else torch.float32)
+    kept = make_bf16(kv_cache_dtype="float32")
+    assert kept.kv_cache_dtype == torch.float32
     halved = make_bf16(kv_cache_dtype="bfloat16")
     assert halved.kv_cache_dtype == torch.bfloat16 and halved.runner.kv_caches[0].dtype == torch.bfloat16
     # half the bytes per block: twice the blocks for the same budget
