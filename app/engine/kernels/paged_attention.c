@@ -226,6 +226,25 @@ TGT_BF16 static inline __m512 sum16x16(const __m512 v[16]) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
+/* out[0, 32 * NH) = inv * sum_p w[p] * v_p, v_p the bfloat16 row at vrows + rows[p], widened exactly. */
+TGT_BF16 static inline __attribute__((always_inline)) void value_sum_bf16(const uint16_t* vrows, const int64_t* rows,
+                                                                          const float* w, int64_t ctx, float inv,
+                                                                          float* out, const int NH) {
+  __m512 acc[8];
+  for (int c = 0; c < 2 * NH; c++) acc[c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < ctx; p++) {
+    const uint16_t* row = vrows + rows[p];
+    if (p + 8 < ctx) _mm_prefetch((const char*)(vrows + rows[p + 8]), _MM_HINT_T0);
+    __m512 wp = _mm512_set1_ps(w[p]);
+    for (int c = 0; c < 2 * NH; c++) {
+      __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(row + 16 * c)));
+      acc[c] = _mm512_fmadd_ps(wp, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)), acc[c]);
+    }
+  }
+  __m512 vinv = _mm512_set1_ps(inv);
+  for (int c = 0; c < 2 * NH; c++) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], vinv));
+}
+
 TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void* v, const int64_t* table,
                                       int64_t ctx, int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd,
                                       int64_t bs, float scale, float* out, float* scores, int64_t* rows) {
@@ -246,6 +265,7 @@ TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void*
     for (int64_t p0 = 0; p0 < ctx; p0 += 16) {
       __m512 part[16];
       for (int i = 0; i < 16; i++) {
+        if (p0 + 16 + i < ctx) _mm_prefetch((const char*)(kc + rows[p0 + 16 + i] + kh), _MM_HINT_T0);
         part[i] = _mm512_setzero_ps();
         if (p0 + i < ctx)
           for (int64_t c = 0; c < nh; c++)
@@ -264,20 +284,13 @@ TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void*
 
   /* 3. out = inv * sum_p w_p v_p: float32 weights, value rows widened exactly to float32 */
   for (int64_t qh = 0; qh < qheads; qh++) {
-    const int64_t vh = (h0 + qh / group) * hd;
-    const float* w = scores + qh * ctx;
-    __m512 acc[8];
-    for (int64_t c = 0; c < 2 * nh; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < ctx; p++) {
-      __m512 wp = _mm512_set1_ps(w[p]);
-      const uint16_t* row = vc + rows[p] + vh;
-      for (int64_t c = 0; c < 2 * nh; c++) {
-        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(row + 16 * c)));
-        acc[c] = _mm512_fmadd_ps(wp, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)), acc[c]);
-      }
+    const uint16_t* vrows = vc + (h0 + qh / group) * hd;
+    switch (nh) { /* a constant width keeps the accumulators in registers */
+      case 1: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 1); break;
+      case 2: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 2); break;
+      case 3: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 3); break;
+      default: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 4); break;
     }
-    __m512 inv = _mm512_set1_ps(inv_sum[qh]);
-    for (int64_t c = 0; c < 2 * nh; c++) _mm512_storeu_ps(out + qh * hd + 16 * c, _mm512_mul_ps(acc[c], inv));
   }
 }
 
