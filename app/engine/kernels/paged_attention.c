@@ -13,6 +13,11 @@
  * Caches are [num_blocks, block_size, kv_heads, head_dim] (one of K or V of one layer), float32 or bfloat16
  * (kv_bf16: half the bytes to stream; each 8-value load widens to float32 exactly, a shift, and all arithmetic
  * stays float32); block_tables is [seqs, bt_stride] int64; head_dim must be a multiple of 8 and at most 128.
+ *
+ * bf16_values (a bfloat16 model's attention, as prefill_attention.c computes it for bfloat16 products): 1 = keys
+ * and values taken as bfloat16 values (a float32 cache is rounded on load; the caller rounds the query), weights
+ * and sums float32; 2 = the same values on a bfloat16 cache with AVX512-BF16, scores by vdpbf16ps (the caller
+ * checks the CPU; head_dim a multiple of 32).
  */
 #include <immintrin.h>
 #include <math.h>
