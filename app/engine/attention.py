@@ -401,13 +401,9 @@ def paged_attention(
         whole = query.new_empty(num_tokens, num_heads * head_dim)
         if _prefill_kernel(query, kv_cache, meta, meta.prefills, scale, whole):
             return whole
-    if kv_cache.dtype != key.dtype:
-        # Attend to the new tokens' K/V as the cache holds them, so that a prompt attends to the same values
-        # whether its prefix came from the cache or not (prefix caching and batching stay exact).
-        key, value = key.to(kv_cache.dtype).to(key.dtype), value.to(kv_cache.dtype).to(value.dtype)
-
     # Fast path: one sequence, nothing cached (a plain prefill): attend to the new K/V, no cache read.
     if meta.num_seqs == 1 and meta.prefills and meta.prefills[0].block_ids is None:
+        key, value = _as_cached(key, kv_cache), _as_cached(value, kv_cache)
         single = F.scaled_dot_product_attention(
             query.transpose(0, 1).unsqueeze(0),
             key.transpose(0, 1).unsqueeze(0),
@@ -424,8 +420,16 @@ def paged_attention(
     if out is None:
         out = query.new_empty(num_tokens, num_heads * head_dim)
     if not _prefill_kernel(query, kv_cache, meta, prefills, scale, out):
+        key, value = _as_cached(key, kv_cache), _as_cached(value, kv_cache)
         _attend_prefills(query, key, value, kv_cache, meta.workspace, prefills, scale, out)
     return out
+
+
+def _as_cached(new: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """The new tokens' K or V as the cache holds them (a bfloat16 cache under float32 activations), so that a
+    prompt attends to the same values whether its prefix came from the cache or not. Only the SDPA paths need
+    it: the C kernels and the decode groups read the cache itself."""
+    return new if kv_cache.dtype == new.dtype else new.to(kv_cache.dtype).to(new.dtype)
 
 
 def _prefill_kernel(
