@@ -190,16 +190,18 @@ def int4_linear(
     scale_zeros: torch.Tensor,
     group_size: int,
     bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``x @ W.T + bias`` in ``x``'s dtype for a 4-bit ``W`` packed by ``torch._convert_weight_to_int4pack_for_cpu``
     (``[out, in / 2]``) with ``scale_zeros`` ``[in / group_size, out, 2]`` in bfloat16: ``W = (code - 8) * scale +
     zero`` per group. PyTorch's CPU kernel is fast only for bfloat16 activations, so ``x`` is rounded to bfloat16;
-    it accumulates in float32."""
+    it accumulates in float32. The result is in ``out_dtype`` (default: ``x``'s)."""
     shape = x.shape
+    dtype = x.dtype if out_dtype is None else out_dtype
     flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
-    out = torch._weight_int4pack_mm_for_cpu(flat, packed, group_size, scale_zeros).to(x.dtype)
+    out = torch._weight_int4pack_mm_for_cpu(flat, packed, group_size, scale_zeros).to(dtype)
     if bias is not None:
-        out = out.add_(bias.to(x.dtype))
+        out = out.add_(bias.to(dtype))
     return out.view(*shape[:-1], packed.shape[0])
 
 

@@ -116,23 +116,31 @@ def rope_cos_sin(
 
 
 def bf16_swiglu_mlp(x: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor | None:
-    """``down(silu_mul(gate_up(x)))`` for bfloat16 weights and float32 ``x`` (CPU), with the middle kept in
-    bfloat16: oneDNN's product is bfloat16 anyway, so the widest tensors of the layer skip two conversions
-    (to float32 and back) and the numbers stay those of the float32 route. None when it does not apply."""
-    if (
-        x.dtype != torch.float32
-        or gate_up.scales is not None
-        or down.scales is not None
-        or gate_up.bias is not None
-        or gate_up.weight.dtype != torch.bfloat16
-        or down.weight.dtype != torch.bfloat16
-    ):
+    """``down(silu_mul(gate_up(x)))`` for float32 ``x`` (CPU) and bfloat16 or 4-bit weights, with the middle
+    kept in bfloat16: both products give bfloat16 anyway, so the widest tensors of the layer skip two
+    conversions (to float32 and back) and the numbers stay those of the float32 route. None when it does not
+    apply."""
+    if x.dtype != torch.float32 or gate_up.bias is not None:
         return None
-    gu = bf16_linear(x, gate_up.weight, keep_bf16=True)
+    gu = _bf16_product(x, gate_up)
     if gu is None:
         return None
     h = kernels.silu_mul(gu)
-    return bf16_linear(silu_mul(gu.float()) if h is None else h, down.weight, down.bias)
+    mid = silu_mul(gu.float()) if h is None else h
+    if down.group_size and down.scales is not None:
+        return int4_linear(mid, down.weight, down.scales, down.group_size, down.bias, torch.float32)
+    if down.scales is None and down.weight.dtype == torch.bfloat16:
+        return bf16_linear(mid, down.weight, down.bias)
+    return down(mid.float())
+
+
+def _bf16_product(x: torch.Tensor, lin: Linear) -> torch.Tensor | None:
+    """``lin(x)`` as its product gives it, in bfloat16 (a 4-bit or bfloat16 weight, no bias), or None."""
+    if lin.group_size and lin.scales is not None:
+        return int4_linear(x, lin.weight, lin.scales, lin.group_size, None, torch.bfloat16)
+    if lin.scales is None and lin.weight.dtype == torch.bfloat16:
+        return bf16_linear(x, lin.weight, keep_bf16=True)
+    return None
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from app.engine import kernels
 from app.engine.kernels.cpu_features import bf16_products_supported
 from app.engine.models.layers import Linear, RMSNorm, apply_rope, apply_rope_, bf16_swiglu_mlp, silu_mul
+from app.engine.models.quantization import install_q4
 
 needs_kernel = pytest.mark.skipif(
     not kernels.available(), reason="no C compiler or no AVX2/FMA CPU: the kernels are not built here"
@@ -129,3 +130,21 @@ def test_bf16_mlp_keeps_its_middle_in_bfloat16_with_the_same_numbers() -> None:
     assert fused is not None and fused.dtype == torch.float32
     assert torch.equal(fused, plain)
     assert bf16_swiglu_mlp(x.double(), gate_up, down) is None
+
+
+@needs_kernel
+def test_4bit_mlp_keeps_its_middle_in_bfloat16_with_the_same_numbers() -> None:
+    gen = torch.Generator().manual_seed(12)
+    gate_up, down = Linear(64, 256, bias=False), Linear(128, 64, bias=False)
+    for lin in (gate_up, down):
+        out_f, in_f = lin.weight.shape
+        lin.weight = torch.nn.Parameter(torch.empty(out_f, in_f), requires_grad=False)
+        codes = torch.randint(0, 16, (out_f, in_f), generator=gen)
+        scale = torch.rand(out_f, in_f // 32, generator=gen) / 8
+        install_q4(lin, codes, scale, torch.randn(out_f, in_f // 32, generator=gen) / 8)
+    x = torch.randn(37, 64, generator=gen)
+    with torch.inference_mode():
+        fused = bf16_swiglu_mlp(x, gate_up, down)
+        plain = down(silu_mul(gate_up(x)))
+    assert fused is not None and fused.dtype == torch.float32
+    assert torch.equal(fused, plain)
