@@ -41,6 +41,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from app.engine import kernels
 from app.engine.config import ModelConfig
 from app.engine.kernels import paged_decode_attention, paged_prefill_attention
 
@@ -364,6 +365,8 @@ def write_kv(
 ) -> None:
     """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots of ``kv_cache`` (rounded to its
     dtype: a bfloat16 cache under float32 activations)."""
+    if kernels.write_kv(kv_cache, key, value, slot_mapping):
+        return
     _, _, _, kvh, hd = kv_cache.shape
     kv_cache[0].view(-1, kvh, hd).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     kv_cache[1].view(-1, kvh, hd).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))

@@ -17,7 +17,7 @@ kernels off for the process.
 from __future__ import annotations
 
 from app.engine.kernels.attention import paged_decode_attention, paged_prefill_attention
-from app.engine.kernels.elementwise import add_rms_norm, rope_inplace, silu_mul
+from app.engine.kernels.elementwise import add_rms_norm, rope_inplace, silu_mul, write_kv
 from app.engine.kernels.library import available, enable
 from app.engine.kernels.matmul import MAX_ROWS, small_matmul
 
@@ -31,4 +31,5 @@ __all__ = [
     "rope_inplace",
     "silu_mul",
     "small_matmul",
+    "write_kv",
 ]

@@ -10,7 +10,7 @@
 
 #include "threadpool.h"
 
-int elementwise_abi_version(void) { return 3; }
+int elementwise_abi_version(void) { return 4; }
 
 #define ROWS_PER_THREAD 8
 
@@ -213,4 +213,42 @@ void rope_inplace(float* x, int64_t x_ld, const float* cos_t, const float* sin_t
   int64_t chunks = threads_for(rows, num_threads);
   rope_job job = {x, x_ld, cos_t, sin_t, cs_ld, rows, heads, head_dim, chunks};
   parallel_for(chunks, rope_chunk, &job, num_threads, use_pool);
+}
+
+typedef struct {
+  const float *k, *v;
+  int64_t k_ld, v_ld;
+  const int64_t* slots;
+  int64_t tokens, row, chunks;
+  void *k_cache, *v_cache;
+  int bf16;
+} write_kv_job;
+
+static void write_kv_chunk(void* arg, int64_t c) {
+  const write_kv_job* j = (const write_kv_job*)arg;
+  int64_t t0, t1;
+  row_range(j->tokens, j->chunks, c, &t0, &t1);
+  for (int64_t t = t0; t < t1; t++) {
+    const float* src[2] = {j->k + t * j->k_ld, j->v + t * j->v_ld};
+    void* dst[2] = {j->k_cache, j->v_cache};
+    for (int kv = 0; kv < 2; kv++) {
+      if (j->bf16) {
+        uint16_t* d = (uint16_t*)dst[kv] + j->slots[t] * j->row;
+        for (int64_t i = 0; i < j->row; i += 8) store8_bf16(d + i, _mm256_loadu_ps(src[kv] + i));
+      } else {
+        float* d = (float*)dst[kv] + j->slots[t] * j->row;
+        for (int64_t i = 0; i < j->row; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(src[kv] + i));
+      }
+    }
+  }
+}
+
+/* The new tokens' keys and values into their cache slots: row t of k (and v), `row` = kv_heads * head_dim
+ * contiguous floats (a multiple of 8), goes to row slots[t] of k_cache (and v_cache), rounded to bfloat16 (to
+ * nearest even, as PyTorch's .to does) when bf16. One pass instead of a conversion and an index_copy each. */
+void write_kv(const float* k, int64_t k_ld, const float* v, int64_t v_ld, const int64_t* slots, int64_t tokens,
+              int64_t row, void* k_cache, void* v_cache, int bf16, int num_threads, int use_pool) {
+  int64_t chunks = tokens >= 64 ? threads_for(tokens, num_threads) : 1; /* a decode step's few rows: one thread */
+  write_kv_job job = {k, v, k_ld, v_ld, slots, tokens, row, chunks, k_cache, v_cache, bf16};
+  parallel_for(chunks, write_kv_chunk, &job, num_threads, use_pool);
 }

@@ -107,6 +107,43 @@ def rope_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     return True
 
 
+def write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> bool:
+    """Store the new tokens' ``key``/``value`` ``[T, kv_heads, head_dim]`` (float32, heads adjacent; views into
+    a fused projection are fine) at their ``slot_mapping`` slots of one layer's ``kv_cache`` ``[2, blocks,
+    block_size, kv_heads, head_dim]`` (float32, or bfloat16: rounded to nearest even, as ``.to`` rounds).
+    False when it does not apply."""
+    lib = library.get()
+    if lib is None or kv_cache.device.type != "cpu" or not kv_cache.is_contiguous():
+        return False
+    if kv_cache.dtype not in (torch.float32, torch.bfloat16) or slot_mapping.dtype != torch.int64:
+        return False
+    kvh, hd = kv_cache.shape[3], kv_cache.shape[4]
+    for t in (key, value):
+        if t.dtype != torch.float32 or t.device.type != "cpu" or t.shape[1:] != (kvh, hd):
+            return False
+        if t.stride(2) != 1 or t.stride(1) != hd:
+            return False
+    if (kvh * hd) % 8 or not slot_mapping.is_contiguous() or slot_mapping.shape[0] != key.shape[0]:
+        return False
+    lib.write_kv(
+        key.data_ptr(),
+        key.stride(0),
+        value.data_ptr(),
+        value.stride(0),
+        slot_mapping.data_ptr(),
+        key.shape[0],
+        kvh * hd,
+        kv_cache[0].data_ptr(),
+        kv_cache[1].data_ptr(),
+        int(kv_cache.dtype == torch.bfloat16),
+        torch.get_num_threads(),
+        library.use_pool(key.shape[0]),
+    )
+    return True
+
+
 def check_elementwise() -> bool:
     """The three kernels against their PyTorch formulas on random rows."""
     gen = torch.Generator().manual_seed(0)

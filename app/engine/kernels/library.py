@@ -20,7 +20,7 @@ _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 6,
     "prefill_attention_abi_version": 2,
-    "elementwise_abi_version": 3,
+    "elementwise_abi_version": 4,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -61,6 +61,8 @@ _SIGNATURES: dict[str, list[type]] = {
         _int,
         _int,
     ],  # gu, ld, out, ld, rows, inter, bf16, ...
+    # k, k_ld, v, v_ld, slots, tokens, row, k_cache, v_cache, bf16, ...
+    "write_kv": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _int, _int, _int],
     # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
 }

@@ -148,3 +148,25 @@ def test_4bit_mlp_keeps_its_middle_in_bfloat16_with_the_same_numbers() -> None:
         plain = down(silu_mul(gate_up(x)))
     assert fused is not None and fused.dtype == torch.float32
     assert torch.equal(fused, plain)
+
+
+@needs_kernel
+@pytest.mark.parametrize("tokens", [1, 5, 200])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_write_kv_stores_what_index_copy_stores(tokens: int, dtype: torch.dtype) -> None:
+    """The new K/V (views into a fused projection) at their slots, rounded as ``.to`` rounds; other slots
+    untouched."""
+    gen = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, 15, 64, generator=gen) * 50  # q (9 heads) | k (3) | v (3): strided views
+    qkv[0, 9, :3] = torch.tensor([float("nan"), float("inf"), 1e-40])
+    key, value = qkv[:, 9:12], qkv[:, 12:]
+    cache = torch.randn(2, 40, 8, 3, 64, generator=gen).to(dtype)
+    slots = torch.randperm(320, generator=gen)[:tokens]
+    want = cache.clone()
+    want[0].view(-1, 3, 64).index_copy_(0, slots, key.to(dtype))
+    want[1].view(-1, 3, 64).index_copy_(0, slots, value.to(dtype))
+    assert kernels.write_kv(cache, key, value, slots)
+    # bit for bit, NaN aside (its payload may differ from PyTorch's vectorised rounding)
+    torch.testing.assert_close(cache.float(), want.float(), rtol=0, atol=0, equal_nan=True)
+    assert cache[0].view(-1, 3, 64)[slots[0], 0, 0].isnan()
+    assert not kernels.write_kv(cache, key.double(), value.double(), slots)
