@@ -41,9 +41,9 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from app.engine import kernels
 from app.engine.config import ModelConfig
 from app.engine.kernels import paged_decode_attention, paged_prefill_attention
+from app.engine.kernels import write_kv as write_kv_in_place
 
 # Sequences with at most this many query tokens go to the C decode kernel, one entry per token (it reads a
 # sequence's K/V once per token, which beats a gather plus SDPA only while the tokens are few).
@@ -365,7 +365,7 @@ def write_kv(
 ) -> None:
     """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots of ``kv_cache`` (rounded to its
     dtype: a bfloat16 cache under float32 activations)."""
-    if kernels.write_kv(kv_cache, key, value, slot_mapping):
+    if write_kv_in_place(kv_cache, key, value, slot_mapping):
         return
     _, _, _, kvh, hd = kv_cache.shape
     kv_cache[0].view(-1, kvh, hd).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
