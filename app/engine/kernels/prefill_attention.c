@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "threadpool.h"
+#include "vec_math.h"
 
 int prefill_attention_abi_version(void) { return 2; }
 
@@ -56,38 +57,11 @@ static inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-/* ---- AVX2 ---- */
-static inline float hsum8(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
-
 static inline float hmax8(__m256 v) {
   __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
   lo = _mm_max_ss(lo, _mm_shuffle_ps(lo, lo, 1));
   return _mm_cvtss_f32(lo);
-}
-
-/* e^x for x <= 0: 2^n e^r, n = round(x / ln 2), a degree-6 polynomial on |r| <= ln2/2; below -87 gives 0. */
-static inline __m256 exp8(__m256 x) {
-  __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 #define SFX avx2
@@ -103,8 +77,8 @@ static inline __m256 exp8(__m256 x) {
 #define VSUB _mm256_sub_ps
 #define VADD _mm256_add_ps
 #define VMAXV _mm256_max_ps
-#define VEXP exp8
-#define VHSUM hsum8
+#define VEXP exp256_nonpositive
+#define VHSUM hsum256
 #define VHMAX hmax8
 #include "prefill_attention_impl.h"
 #undef SFX
@@ -130,7 +104,7 @@ static inline __m256 exp8(__m256 x) {
 TGT512 static inline float hsum16(__m512 v) {
   __m256 lo = _mm512_castps512_ps256(v);
   __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  return hsum8(_mm256_add_ps(lo, hi));
+  return hsum256(_mm256_add_ps(lo, hi));
 }
 
 TGT512 static inline float hmax16(__m512 v) {

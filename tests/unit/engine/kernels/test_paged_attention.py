@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -14,14 +12,6 @@ from app.engine.kernels.attention import check_paged_decode_attention
 needs_kernel = pytest.mark.skipif(
     not kernels.available(), reason="no C compiler or no AVX2/FMA CPU: the kernel is not built here"
 )
-
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def run_step(

@@ -3,8 +3,6 @@ whatever way a prompt is split (whole, in chunks, after a prefix-cache hit, batc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -32,14 +30,6 @@ BUILDS = [
     ),
 ]
 SHAPES = [(9, 3, 64), (4, 4, 16), (8, 1, 32), (6, 2, 48)]  # (heads, kv_heads, head_dim): GQA, MHA, MQA
-
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def random_cache(
@@ -85,8 +75,8 @@ def test_kernel_matches_float64_reference(
         rows = slice(start, start + qlen)
         bf16 = isa == "avx512_bf16"
         expected = reference(query[rows], cache, tables[i], ctxs[i], 0.125, bf16)
-        tol = {"rtol": 1e-5, "atol": 3e-6}  # the reference rounds q, k and v as bfloat16 products do
-        torch.testing.assert_close(out[rows], expected, **tol)
+        # the bfloat16 build is held as tight: the reference rounds q, k and v as its products do
+        torch.testing.assert_close(out[rows], expected, rtol=1e-5, atol=3e-6)
 
 
 @needs_kernel
