@@ -20,6 +20,7 @@ from app.engine.core.sequence import Sequence
 from app.engine.cuda_graphs import DecodeGraphRunner
 from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.models.base import PagedCausalLM
+from app.engine.models.layers import Linear
 
 __all__ = ["ModelRunner", "RunnerTimings", "StepBatch"]
 
@@ -90,9 +91,7 @@ class ModelRunner:
             and bf16_attention_supported()
         )
         # bfloat16 or int8 products run on OpenMP at every size: keep the C kernels on the same threads
-        self.openmp_only = model.lm_head_weight().dtype != torch.float32 or any(
-            getattr(m, "scales", None) is not None for m in model.modules()
-        )
+        self.openmp_only = _products_use_openmp(model)
 
     # ---- inputs ----
     def prepare(self, out: SchedulerOutput) -> StepBatch:
@@ -205,3 +204,12 @@ class ModelRunner:
         self.run(StepBatch(ids, pos, meta, None, []))
         meta = AttentionMetadata.build([1], [n + 1], [[0]], bs, device=self.device)
         self.run(StepBatch(ids[:1], pos[:1] + n, meta, None, []))
+
+
+def _products_use_openmp(model: PagedCausalLM) -> bool:
+    """Whether a few-token step's products run on OpenMP (oneDNN, torch's int8/int4 kernels): bfloat16 or
+    torch-quantized weights. Float32 ones (small_matmul) and GGUF blocks (qblock) run on the kernels' pool."""
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    if model.lm_head_blocks is not None and all(m.qweight is not None for m in linears):
+        return False
+    return model.lm_head_weight().dtype != torch.float32 or any(m.scales is not None for m in linears)

@@ -133,6 +133,8 @@ class LlamaRunner:
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()
         mparams.use_mmap = True
+        # llama.cpp's extra buffer types repack weights for AMX / its own CPU kernels where it has them
+        mparams.use_extra_bufts = args.extra_bufts == "on"
         self.model = lc.llama_model_load_from_file(str(args.model).encode(), mparams)
         if not self.model:
             raise SystemExit(f"llamacpp_offline: could not load {args.model}")
@@ -240,6 +242,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--n-ubatch", type=int, default=512, help="tokens per compute step (n_ubatch)")
     p.add_argument("--max-model-len", type=int, default=1024, help="KV cells per sequence slot")
     p.add_argument("--flash-attn", choices=sorted(FLASH_ATTN), default="auto")
+    p.add_argument(
+        "--extra-bufts",
+        choices=("on", "off"),
+        default="off",
+        help="llama.cpp's repacked weight buffers (on: AMX where the CPU has it; 0.3.36 crashes with SIGSEGV in "
+        "its AMX Q4_1 path on the Xeon with AMX we measured on, so off, its AVX512-VNNI kernels, is the default)",
+    )
     p.add_argument(
         "--interactive", action="store_true", help="run the workloads named on stdin (bench_engine)"
     )

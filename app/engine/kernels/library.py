@@ -15,12 +15,20 @@ from app.engine.kernels.build import load_kernel
 log = logging.getLogger(__name__)
 
 LIBRARY = "engine_kernels"
-SOURCES = ("threadpool.c", "small_matmul.c", "paged_attention.c", "prefill_attention.c", "elementwise.c")
+SOURCES = (
+    "threadpool.c",
+    "small_matmul.c",
+    "paged_attention.c",
+    "prefill_attention.c",
+    "elementwise.c",
+    "qblock_matmul.c",
+)
 _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 6,
     "prefill_attention_abi_version": 2,
     "elementwise_abi_version": 4,
+    "qblock_matmul_abi_version": 1,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -65,8 +73,18 @@ _SIGNATURES: dict[str, list[type]] = {
     "write_kv": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _int, _int, _int],
     # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
+    "qblock_scratch_bytes": [_i64, _i64],
+    "qblock_matmul": [
+        *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
+        *(_ptr, _ptr, _ptr, _int, _int, _int, _i64),  # codes, d, m, bits, offset, has_min, N
+        *(_ptr, _ptr, _i64, _ptr, _int, _int, _int),  # bias, out, ldo, scratch, isa, ...
+    ],
 }
-_RESTYPES: dict[str, type] = {"paged_prefill_attention": _int}  # the others return nothing
+_RESTYPES: dict[str, type] = {
+    "paged_prefill_attention": _int,
+    "qblock_matmul": _int,
+    "qblock_scratch_bytes": _i64,
+}  # the others return nothing
 # A step of at most this many tokens runs its products in small_matmul too (see matmul.MAX_ROWS), so every
 # kernel of it uses the kernels' own thread pool; larger steps run their products on oneDNN (or MKL) and every
 # kernel of theirs on OpenMP's threads, so that two spinning thread pools never fight over the cores.

@@ -11,17 +11,20 @@ import importlib.util
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from app.engine.config import ModelConfig
+from app.engine.kernels import library
+from app.engine.kernels.qblock import QBlockWeight, pack_q4, pack_q8_0
 from app.engine.loading import cache
 from app.engine.loading.gguf import GGUFFile, is_gguf_file
 from app.engine.loading.hf import read_hf_config, read_hf_tokenizer, read_hf_weights, read_json
 from app.engine.models import build_model
 from app.engine.models.base import PagedCausalLM
 from app.engine.models.layers import Linear
-from app.engine.models.quantization import install_q4, q4_fits, quantize_model
+from app.engine.models.quantization import install_q4, install_qblocks, q4_fits, quantize_model
 from app.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -148,7 +151,9 @@ def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | Non
     if not (source.is_file() and is_gguf_file(source)):
         raise ValueError(f"quantization='gguf' needs a .gguf model file; {source} is not one")
     gguf = GGUFFile(source)
-    blocks = gguf.q4_weights(gguf.model_config())
+    config = gguf.model_config()
+    blocks = gguf.q4_weights(config)
+    native = library.available()  # the qblock kernel; else PyTorch's int4 matmul
     modules = dict(model.named_modules())
     count = 0
     for name, hf_names in model.linear_sources().items():
@@ -157,8 +162,13 @@ def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | Non
             continue  # stored in another format (Q8_0, float) or a shape the kernel lacks: keeps its dtype
         parts = [blocks[n] for n in hf_names]
         codes, scale, zero = (torch.cat([p[i] for p in parts], dim=0) for i in range(3))
-        install_q4(module, codes, scale, zero)
+        if native and codes.shape[1] % 64 == 0:
+            install_qblocks(module, q4_blocks(codes, scale, zero))
+        else:
+            install_q4(module, codes, scale, zero)
         count += 1
+    if native and count:
+        _install_block_head(model, gguf, config, blocks)
     if count == 0:
         raise ValueError(
             f"quantization='gguf' found no Q4_0/Q4_1 matrices it can run in {source.name}; "
@@ -177,3 +187,29 @@ __all__ = [
     "load_model",
     "read_checkpoint",
 ]
+
+
+def q4_blocks(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> QBlockWeight:
+    """Blocks in ``q4_groups``' form (``W = (code - 8) * scale + zero``) packed for the qblock kernel: Q4_0
+    (every zero 0) as it is, Q4_1 with its min ``zero - 8 * scale`` (the file's ``m``)."""
+    if not torch.count_nonzero(zero):
+        return pack_q4(codes, scale, None)
+    return pack_q4(codes, scale, zero - 8.0 * scale)
+
+
+def _install_block_head(
+    model: PagedCausalLM, gguf: GGUFFile, config: ModelConfig, q4: dict[str, Any]
+) -> None:
+    """The LM head from the file's own blocks (Q8_0, or Q4_0/Q4_1), where it is stored so (the embedding
+    lookup keeps the model's float copy)."""
+    name = model.lm_head_source()
+    head = model.lm_head_weight()
+    if name in q4:
+        packed = q4_blocks(*q4[name])
+    else:
+        q8 = gguf.q8_0_weights(config)
+        if name not in q8:
+            return
+        packed = pack_q8_0(*q8[name])
+    if (packed.out_features, packed.in_features) == tuple(head.shape):
+        model.lm_head_blocks = packed

@@ -90,6 +90,16 @@ def q4_groups(
     return codes.reshape(rows, cols), d.reshape(rows, groups), zero.reshape(rows, groups)
 
 
+def q8_0_groups(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 matrix ``[rows, cols]`` kept in its own blocks: ``q`` ``[rows, cols]`` (int8) and per block of 32
+    along a row the scale ``d`` ``[rows, cols / 32]`` (float32): ``weight = d * q``."""
+    rows, cols = shape
+    b = _blocks(raw, Q8_0, rows * cols)
+    d = _f16(b[:, :2])
+    q = np.ascontiguousarray(b[:, 2:]).view(np.int8)
+    return q.reshape(rows, cols), d.reshape(rows, cols // QK)
+
+
 def _plain(dtype: type[np.generic]) -> Callable[[np.ndarray, int], np.ndarray]:
     def convert(raw: np.ndarray, numel: int) -> np.ndarray:
         flat = np.ascontiguousarray(raw).view(np.uint8).reshape(-1).view(dtype)

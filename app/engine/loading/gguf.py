@@ -10,7 +10,7 @@ Two GGUF conventions are undone here so the rest of the engine sees ordinary Hug
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from app.engine.config import ConfigError, ModelConfig
-from app.engine.loading.dequant import Q4_0, Q4_1, dequantize, q4_groups
+from app.engine.loading.dequant import Q4_0, Q4_1, Q8_0, dequantize, q4_groups, q8_0_groups
 from app.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -155,21 +155,33 @@ class GGUFFile:
         """The Q4_0/Q4_1 matrices in their own blocks, by HF name: ``(codes, scale, zero)`` (see
         :func:`~app.engine.loading.dequant.q4_groups`), rows in HF order. GPT-2's transposed Conv1D weights
         are left out: their blocks run along the wrong axis for a row-wise product."""
-        out: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        return self._block_matrices(config, lambda raw, qtype, shape: q4_groups(raw, qtype, shape))
+
+    def q8_0_weights(self, config: ModelConfig) -> dict[str, tuple[torch.Tensor, ...]]:
+        """The Q8_0 matrices in their own blocks, by HF name: ``(q, scale)`` (see
+        :func:`~app.engine.loading.dequant.q8_0_groups`), laid out as :meth:`q4_weights` lays out its own."""
+        return self._block_matrices(config, lambda raw, qtype, shape: q8_0_groups(raw, shape), (Q8_0,))
+
+    def _block_matrices(
+        self,
+        config: ModelConfig,
+        split: Callable[[np.ndarray, int, tuple[int, int]], tuple[np.ndarray, ...]],
+        qtypes: tuple[int, ...] = (Q4_0, Q4_1),
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for tensor in self.reader.tensors:
             qtype = int(tensor.tensor_type)
-            if qtype not in (Q4_0, Q4_1) or len(tensor.shape) != 2:
+            if qtype not in qtypes or len(tensor.shape) != 2:
                 continue
             hf_name, stem = _hf_name(tensor.name, config.architecture)
             if config.architecture == "gpt2" and stem in _GPT2_CONV1D:
                 continue
             rows, cols = (int(d) for d in reversed(tensor.shape))
-            parts = q4_groups(tensor.data, qtype, (rows, cols))
+            parts = split(tensor.data, qtype, (rows, cols))
             if config.architecture == "llama" and stem in ("attn_q", "attn_k"):
                 heads = config.num_heads if stem == "attn_q" else config.num_kv_heads
-                parts = tuple(unpermute_qk(a, heads) for a in parts)  # type: ignore[assignment]
-            codes, scale, zero = (torch.from_numpy(np.ascontiguousarray(a)) for a in parts)
-            out[hf_name] = (codes, scale, zero)
+                parts = tuple(unpermute_qk(a, heads) for a in parts)
+            out[hf_name] = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in parts)
         return out
 
     # --------------------------------------------------------------------------------------- tokenizer

@@ -9,6 +9,7 @@ from torch import nn
 
 from app.engine.attention import AttentionMetadata, AttentionWorkspace
 from app.engine.config import ModelConfig
+from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
 from app.engine.models.layers import Linear, linear
 
 
@@ -26,6 +27,9 @@ class PagedCausalLM(nn.Module):
         self.compute_dtype = compute_dtype_for(dtype, self.param_device)
         self.kv_caches: list[torch.Tensor] = []
         self.attn_workspace = AttentionWorkspace()
+        # quantization="gguf": the LM head in the file's own blocks (qblock kernel), beside the float copy the
+        # embedding lookup reads
+        self.lm_head_blocks: QBlockWeight | None = None
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
         """Attach per-layer caches ``[2, num_blocks, block_size, kv_heads, head_dim]`` (see allocate_kv_cache)."""
@@ -65,6 +69,11 @@ class PagedCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must define lm_head_weight()")
 
+    def lm_head_source(self) -> str:
+        """The checkpoint (HF) name of the tensor :meth:`lm_head_weight` holds: ``lm_head.weight``, or the
+        embedding's when the head is tied to it."""
+        raise NotImplementedError(f"{type(self).__name__} must define lm_head_source()")
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, vocab]`` for final hidden states ``[B, hidden]`` (select the last positions first).
@@ -72,6 +81,9 @@ class PagedCausalLM(nn.Module):
         ``out`` lets a runner reuse one logits buffer across steps (a fresh [B, vocab] tensor every step costs
         page faults on CPU); the caller must be done with the previous step's logits.
         """
+        if self.lm_head_blocks is not None and hidden.dtype == torch.float32:
+            logits = qblock_linear(hidden, self.lm_head_blocks)
+            return qblock_reference(hidden, self.lm_head_blocks) if logits is None else logits
         head = self.lm_head_weight()
         if out is None or head.dtype != hidden.dtype:
             return linear(hidden, head)

@@ -83,6 +83,9 @@ class GPT2LMHeadModel(PagedCausalLM):
     def lm_head_weight(self) -> torch.Tensor:
         return self.wte.weight if self.lm_head is None else self.lm_head
 
+    def lm_head_source(self) -> str:
+        return "transformer.wte.weight" if self.lm_head is None else "lm_head.weight"
+
     @torch.inference_mode()
     def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata

@@ -9,6 +9,7 @@ from torch import nn
 import app.engine.kernels as kernels
 from app.engine.kernels import small_matmul
 from app.engine.kernels.matmul import bf16_linear, int4_linear, int8_linear, onednn_linear
+from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
 
 
 def placeholder(*shape: int) -> nn.Parameter:
@@ -30,8 +31,13 @@ class Linear(nn.Module):
         # and zeros of a packed 4-bit weight
         self.scales: torch.Tensor | None = None
         self.group_size = 0
+        # quantization: a GGUF file's own blocks in the layout of the qblock kernel (``weight`` is their codes)
+        self.qweight: QBlockWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None:
+            out = qblock_linear(x, self.qweight, self.bias)
+            return qblock_reference(x, self.qweight, self.bias) if out is None else out
         if self.scales is not None:
             if self.group_size:
                 return int4_linear(x, self.weight, self.scales, self.group_size, self.bias)
@@ -120,7 +126,7 @@ def bf16_swiglu_mlp(x: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Ten
     kept in bfloat16: both products give bfloat16 anyway, so the widest tensors of the layer skip two
     conversions (to float32 and back) and the numbers stay those of the float32 route. None when it does not
     apply."""
-    if x.dtype != torch.float32 or gate_up.bias is not None:
+    if x.dtype != torch.float32 or gate_up.bias is not None or gate_up.qweight is not None:
         return None
     gu = _bf16_product(x, gate_up)
     if gu is None:

@@ -7,11 +7,13 @@ product (:func:`app.engine.kernels.matmul.int8_linear`) is PyTorch's CPU kernel 
 gpt-fast use): activations in bfloat16, weights widened in registers, float32 accumulation. It pays off where
 a step is bound by the bytes of weights it reads: one or a few sequences decoding.
 
-``"gguf"``: a GGUF file's own Q4_0/Q4_1 blocks run as they are, never widened to float in memory: each Linear
-holds the 4-bit codes packed for PyTorch's int4 CPU matmul (``torch._weight_int4pack_mm_for_cpu``) with one
-scale and zero per block of 32 (an eighth of float32's bytes). The blocks come from the file, so this mode is
+``"gguf"``: a GGUF file's own Q4_0/Q4_1 blocks run as they are, never widened to float in memory. Where the
+C kernels are built, each Linear holds the blocks in the layout of ``qblock_matmul.c`` (:func:`install_qblocks`:
+4-bit codes with float16 scales and mins, times activations quantized to int8 per block, llama.cpp's scheme)
+and a Q8_0 LM head runs as Q8_0 too; elsewhere the 4-bit codes are packed for PyTorch's int4 CPU matmul
+(``torch._weight_int4pack_mm_for_cpu``, :func:`install_q4`). The blocks come from the file, so this mode is
 applied by the loader (:func:`app.engine.loading.apply_quantization`), not by :func:`quantize_model`. Other
-tensors (norms, the embedding and the LM head tied to it, Q8_0 ones) keep the model's dtype.
+tensors (norms, the embedding) keep the model's dtype.
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from app.engine.kernels.qblock import QBlockWeight
 from app.engine.models.layers import Linear
 
-__all__ = ["QUANTIZATIONS", "check_quantization", "install_q4", "q4_fits", "quantize_model"]
+__all__ = [
+    "QUANTIZATIONS",
+    "check_quantization",
+    "install_q4",
+    "install_qblocks",
+    "q4_fits",
+    "quantize_model",
+]
 
 QUANTIZATIONS = ("int8", "gguf")
 GGUF_GROUP = 32  # weights per block in the GGUF formats executed here
@@ -42,7 +52,7 @@ def quantize_model(model: nn.Module, method: str) -> int:
         )
     count = 0
     for module in model.modules():
-        if isinstance(module, Linear) and module.scales is None:
+        if isinstance(module, Linear) and module.scales is None and module.qweight is None:
             if module.weight.device.type != "cpu":
                 raise ValueError(
                     f"quantization={method!r} runs on CPU; this model is on {module.weight.device}"
@@ -66,6 +76,22 @@ def q4_fits(module: Linear) -> bool:
     """PyTorch's int4 CPU kernel takes whole 32-blocks along a row and a multiple of 16 output rows."""
     out_features, in_features = module.weight.shape
     return module.scales is None and in_features % GGUF_GROUP == 0 and out_features % 16 == 0
+
+
+def install_qblocks(module: Linear, blocks: QBlockWeight) -> None:
+    """Make ``module`` compute on GGUF blocks packed for the qblock kernel (``module.weight`` becomes their
+    codes, so moving or sizing the module still sees the bytes)."""
+    if (blocks.out_features, blocks.in_features) != tuple(module.weight.shape):
+        raise ValueError(
+            f"blocks of {blocks.out_features}x{blocks.in_features} do not fit a Linear of "
+            f"{tuple(module.weight.shape)}"
+        )
+    if module.weight.device.type != "cpu":
+        raise ValueError(f"quantization='gguf' runs on CPU; this model is on {module.weight.device}")
+    module.weight = nn.Parameter(blocks.codes, requires_grad=False)
+    module.qweight = blocks
+    if module.bias is not None:
+        module.bias = nn.Parameter(module.bias.detach().float(), requires_grad=False)
 
 
 def install_q4(module: Linear, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
