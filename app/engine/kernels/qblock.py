@@ -95,6 +95,13 @@ def dequantize_qblocks(w: QBlockWeight) -> torch.Tensor:
     return values.reshape(w.out_features, w.in_features)
 
 
+def _scratch_floats(rows: int, cols: int) -> int:
+    """qblock_matmul.c's qblock_scratch_bytes, in floats: int8 values, scales and sums, lane corrections."""
+    blocks = -(-cols // QK)
+    padded = -(-blocks // 8) * 8
+    return (rows * (blocks * QK + 8 * padded + 32 * blocks) + 64) // 4 + 1
+
+
 @functools.cache
 def qblock_isa() -> str:
     """``vnni`` (AVX512-VNNI dot products) or ``avx2``; ``INF_ENGINE_DISABLE_AVX512=1`` forces ``avx2``."""
@@ -120,7 +127,7 @@ def qblock_linear(
     out = torch.empty(rows, w.out_features, dtype=torch.float32)
     if rows == 0:
         return out
-    scratch = library.scratch(lib.qblock_scratch_bytes(rows, w.in_features) // 4 + 16)
+    scratch = library.scratch(_scratch_floats(rows, w.in_features))
     chosen = qblock_isa() if isa is None else isa
     failed = lib.qblock_matmul(
         x.data_ptr(),

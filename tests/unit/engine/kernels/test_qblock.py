@@ -115,3 +115,13 @@ def test_without_the_kernels_the_reference_runs() -> None:
     finally:
         kernels.enable(True)
     assert qblock_isa() in ("avx2", "vnni")
+
+
+def test_the_scratch_python_reserves_covers_the_kernels_needs() -> None:
+    from app.engine.kernels import library
+    from app.engine.kernels.qblock import _scratch_floats
+
+    lib = library.get()
+    assert lib is not None
+    for rows, cols in ((1, 32), (3, 576), (512, 1536), (7, 96)):
+        assert _scratch_floats(rows, cols) * 4 >= lib.qblock_scratch_bytes(rows, cols)
