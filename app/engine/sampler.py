@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from app.engine.core.sampling_params import SamplingParams
 from app.engine.guided.bitmask import TokenBitmask, apply_bitmask
+from app.engine.kernels.elementwise import argmax_rows
 
 if TYPE_CHECKING:
     from app.engine.core.sequence import Sequence
@@ -233,7 +234,8 @@ class Sampler:
 
         if not plan.modifies_logits:
             # Pure greedy without penalties: an argmax and nothing else (argmax is exact in any dtype).
-            tokens = logits.argmax(dim=-1)
+            fast = argmax_rows(logits)
+            tokens = logits.argmax(dim=-1) if fast is None else fast
             processed = logits
         else:
             # Our own contiguous float32 copy: the caller's logits stay intact (raw logprobs, speculative
@@ -404,7 +406,8 @@ class Sampler:
 
     def _sample_greedy(self, work: torch.Tensor, plan: _Plan, tokens: torch.Tensor) -> None:
         if len(plan.greedy) == work.shape[0]:
-            tokens.copy_(work.argmax(dim=-1))
+            fast = argmax_rows(work)
+            tokens.copy_(work.argmax(dim=-1) if fast is None else fast)
             return
         index = self._long(plan.greedy, work.device)
         tokens[index] = work.index_select(0, index).argmax(dim=-1)

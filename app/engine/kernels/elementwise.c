@@ -11,7 +11,7 @@
 #include "threadpool.h"
 #include "vec_math.h"
 
-int elementwise_abi_version(void) { return 4; }
+int elementwise_abi_version(void) { return 5; }
 
 #define ROWS_PER_THREAD 8
 
@@ -224,4 +224,68 @@ void write_kv(const float* k, int64_t k_ld, const float* v, int64_t v_ld, const 
   int64_t chunks = tokens >= 64 ? threads_for(tokens, num_threads) : 1; /* a decode step's few rows: one thread */
   write_kv_job job = {k, v, k_ld, v_ld, slots, tokens, row, chunks, k_cache, v_cache, bf16};
   parallel_for(chunks, write_kv_chunk, &job, num_threads, use_pool);
+}
+
+typedef struct {
+  const float* x;
+  int64_t ld, rows, cols, chunks;
+  int64_t* out;
+} argmax_job;
+
+/* The first index of the largest value of a row, as torch.argmax: a NaN counts as the largest (the first one). */
+static int64_t argmax_row(const float* x, int64_t n) {
+  __m256 best = _mm256_set1_ps(-INFINITY);
+  __m256i best_at = _mm256_set1_epi32(-1), at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256 nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  if (n < (int64_t)1 << 31) {
+    for (; i + 8 <= n; i += 8) {
+      __m256 v = _mm256_loadu_ps(x + i);
+      __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ); /* strictly larger: a tie keeps the earlier index */
+      best = _mm256_blendv_ps(best, v, gt);
+      best_at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_at), _mm256_castsi256_ps(at), gt));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      at = _mm256_add_epi32(at, step);
+    }
+  }
+  if (_mm256_movemask_ps(nan)) {
+    for (int64_t k = 0; k < n; k++)
+      if (x[k] != x[k]) return k;
+  }
+  float vals[8];
+  int32_t idx[8];
+  _mm256_storeu_ps(vals, best);
+  _mm256_storeu_si256((__m256i*)idx, best_at);
+  float top = -INFINITY;
+  int64_t top_at = -1;
+  for (int l = 0; l < 8; l++) /* lanes: the largest value, then the smallest index among equals */
+    if (idx[l] >= 0 && (vals[l] > top || (vals[l] == top && idx[l] < top_at))) {
+      top = vals[l];
+      top_at = idx[l];
+    }
+  if (top_at < 0 && i > 0) top_at = 0; /* the vector part saw only -inf: the first of them */
+  for (; i < n; i++) {
+    if (x[i] != x[i]) return i;
+    if (x[i] > top || top_at < 0) {
+      top = x[i];
+      top_at = i;
+    }
+  }
+  return top_at < 0 ? 0 : top_at; /* a row of -inf only: index 0, as torch */
+}
+
+static void argmax_chunk(void* arg, int64_t c) {
+  const argmax_job* j = (const argmax_job*)arg;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  for (int64_t r = r0; r < r1; r++) j->out[r] = argmax_row(j->x + r * j->ld, j->cols);
+}
+
+/* out[r] = argmax of row r of x ([rows, cols], row stride ld), float32. */
+void argmax_rows(const float* x, int64_t ld, int64_t rows, int64_t cols, int64_t* out, int num_threads,
+                 int use_pool) {
+  int64_t chunks = rows < num_threads ? rows : num_threads;
+  argmax_job job = {x, ld, rows, cols, chunks < 1 ? 1 : chunks, out};
+  parallel_for(job.chunks, argmax_chunk, &job, num_threads, use_pool);
 }

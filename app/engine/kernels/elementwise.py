@@ -144,6 +144,21 @@ def write_kv(
     return True
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """``x.argmax(dim=-1)`` for float32 ``[rows, cols]`` on CPU (the first index of the largest value, a NaN
+    counting as largest): PyTorch's reduction runs at under 1 GB/s here, and a step of 64 greedy rows over a
+    49k vocabulary spends milliseconds in it. None when it does not apply."""
+    lib = library.get()
+    if lib is None or not _rows_ok(x) or x.shape[1] == 0:
+        return None
+    rows = x.shape[0]
+    out = torch.empty(rows, dtype=torch.long)
+    if rows:
+        threads = torch.get_num_threads() if rows * x.shape[1] >= 1 << 16 else 1
+        lib.argmax_rows(x.data_ptr(), x.stride(0), rows, x.shape[1], out.data_ptr(), threads, library.use_pool(rows))
+    return out
+
+
 def check_elementwise() -> bool:
     """The three kernels against their PyTorch formulas on random rows."""
     gen = torch.Generator().manual_seed(0)

@@ -27,7 +27,7 @@ _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 6,
     "prefill_attention_abi_version": 2,
-    "elementwise_abi_version": 4,
+    "elementwise_abi_version": 5,
     "qblock_matmul_abi_version": 1,
 }
 
@@ -74,6 +74,7 @@ _SIGNATURES: dict[str, list[type]] = {
     # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
     "qblock_scratch_bytes": [_i64, _i64],
+    "argmax_rows": [_ptr, _i64, _i64, _i64, _ptr, _int, _int],  # x, ld, rows, cols, out, ...
     "qblock_matmul": [
         *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
         *(_ptr, _ptr, _ptr, _int, _int, _int, _i64),  # codes, d, m, bits, offset, has_min, N

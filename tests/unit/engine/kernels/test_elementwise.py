@@ -170,3 +170,21 @@ def test_write_kv_stores_what_index_copy_stores(tokens: int, dtype: torch.dtype)
     torch.testing.assert_close(cache.float(), want.float(), rtol=0, atol=0, equal_nan=True)
     assert cache[0].view(-1, 3, 64)[slots[0], 0, 0].isnan()
     assert not kernels.write_kv(cache, key.double(), value.double(), slots)
+
+
+def test_argmax_rows_is_torch_argmax_ties_nans_and_infinities_included() -> None:
+    from app.engine.kernels.elementwise import argmax_rows
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 49157, generator=gen)  # not a multiple of 8: the tail runs too
+    x[1, 100] = x[1, 40000] = 1e9  # a tie: the first index
+    x[2, 7] = float("nan")  # a NaN counts as the largest
+    x[2, 9000] = float("inf")
+    x[3] = float("-inf")  # every value -inf: index 0
+    x[4, 49156] = 50.0  # the largest in the tail
+    x[5, 3] = x[5, 11] = float("nan")
+    got = argmax_rows(x)
+    assert got is not None and torch.equal(got, x.argmax(dim=-1))
+    strided = torch.randn(4, 300, generator=gen)[:, 7:260]
+    assert torch.equal(argmax_rows(strided), strided.argmax(dim=-1))
+    assert argmax_rows(torch.randn(3, 5).double()) is None  # float32 only
