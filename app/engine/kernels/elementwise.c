@@ -11,7 +11,7 @@
 #include "threadpool.h"
 #include "vec_math.h"
 
-int elementwise_abi_version(void) { return 5; }
+int elementwise_abi_version(void) { return 6; }
 
 #define ROWS_PER_THREAD 8
 
@@ -28,30 +28,38 @@ static inline void row_range(int64_t rows, int64_t chunks, int64_t c, int64_t* r
 }
 
 typedef struct {
-  const float* x;
+  const void* x;
   int64_t x_ld;
   float* residual;
   int64_t res_ld;
-  int add;
+  int flags;
   const float* weight;
   float eps;
-  float* out;
+  void* out;
   int64_t out_ld, rows, dim, chunks;
 } norm_job;
+
+#define NORM_ADD 1     /* residual += x first */
+#define NORM_X_BF16 2  /* x is bfloat16 (a bfloat16 product's output), widened exactly */
+#define NORM_OUT_BF16 4 /* out is bfloat16 (the next products' input), rounded as .to(torch.bfloat16) */
+
+static inline __m256 load8_bf16(const uint16_t* p);
+static inline void store8_bf16(uint16_t* p, __m256 x);
 
 static void norm_chunk(void* arg, int64_t c) {
   const norm_job* j = (const norm_job*)arg;
   int64_t r0, r1;
   row_range(j->rows, j->chunks, c, &r0, &r1);
+  const int add = j->flags & NORM_ADD, x_bf16 = j->flags & NORM_X_BF16, out_bf16 = j->flags & NORM_OUT_BF16;
   for (int64_t r = r0; r < r1; r++) {
     float* h = j->residual + r * j->res_ld;
-    const float* xr = j->x + r * j->x_ld;
-    float* o = j->out + r * j->out_ld;
     __m256 ss = _mm256_setzero_ps();
     for (int64_t k = 0; k < j->dim; k += 8) {
       __m256 v = _mm256_loadu_ps(h + k);
-      if (j->add) {
-        v = _mm256_add_ps(v, _mm256_loadu_ps(xr + k));
+      if (add) {
+        __m256 xv = x_bf16 ? load8_bf16((const uint16_t*)j->x + r * j->x_ld + k)
+                           : _mm256_loadu_ps((const float*)j->x + r * j->x_ld + k);
+        v = _mm256_add_ps(v, xv);
         _mm256_storeu_ps(h + k, v);
       }
       ss = _mm256_fmadd_ps(v, v, ss);
@@ -59,18 +67,24 @@ static void norm_chunk(void* arg, int64_t c) {
     __m256 scale = _mm256_set1_ps(1.0f / sqrtf(hsum256(ss) / (float)j->dim + j->eps));
     for (int64_t k = 0; k < j->dim; k += 8) {
       __m256 v = _mm256_mul_ps(_mm256_loadu_ps(h + k), scale);
-      _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_loadu_ps(j->weight + k), v));
+      v = _mm256_mul_ps(_mm256_loadu_ps(j->weight + k), v);
+      if (out_bf16)
+        store8_bf16((uint16_t*)j->out + r * j->out_ld + k, v);
+      else
+        _mm256_storeu_ps((float*)j->out + r * j->out_ld + k, v);
     }
   }
 }
 
-/* residual[r] += x[r] (skipped when add is 0: then residual already holds the row), then
- * out[r] = residual[r] * weight / sqrt(mean(residual[r]^2) + eps). dim must be a multiple of 8. */
-void add_rms_norm(const float* x, int64_t x_ld, float* residual, int64_t res_ld, int add, const float* weight,
-                  float eps, float* out, int64_t out_ld, int64_t rows, int64_t dim, int num_threads,
+/* residual[r] += x[r] (with NORM_ADD in flags; else residual already holds the row), then
+ * out[r] = residual[r] * weight / sqrt(mean(residual[r]^2) + eps). dim must be a multiple of 8. x and out are
+ * float32, or bfloat16 with NORM_X_BF16 / NORM_OUT_BF16 (a bfloat16 model's products give and take bfloat16:
+ * converting here saves a pass over the rows each). */
+void add_rms_norm(const void* x, int64_t x_ld, float* residual, int64_t res_ld, int flags, const float* weight,
+                  float eps, void* out, int64_t out_ld, int64_t rows, int64_t dim, int num_threads,
                   int use_pool) {
   int64_t chunks = threads_for(rows, num_threads);
-  norm_job job = {x, x_ld, residual, res_ld, add, weight, eps, out, out_ld, rows, dim, chunks};
+  norm_job job = {x, x_ld, residual, res_ld, flags, weight, eps, out, out_ld, rows, dim, chunks};
   parallel_for(chunks, norm_chunk, &job, num_threads, use_pool);
 }
 

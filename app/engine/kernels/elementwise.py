@@ -16,29 +16,40 @@ def _rows_ok(t: torch.Tensor) -> bool:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    out_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``residual += x`` (or ``residual = x`` when None), then ``(rms_norm(residual) * weight, residual)``.
 
-    The residual stream is updated in place, so pass a tensor this layer owns.
+    The residual stream (float32) is updated in place, so pass a tensor this layer owns. ``x`` may be bfloat16
+    when there is a residual (widened exactly); the normed rows come in ``out_dtype``, float32 or bfloat16
+    (rounded as ``.to`` rounds).
     """
     lib = library.get()
-    if lib is None or not _rows_ok(x) or x.shape[1] % 8 or not weight.is_contiguous():
+    if lib is None or out_dtype not in (torch.float32, torch.bfloat16):
+        return None
+    x_bf16 = x.dtype == torch.bfloat16 and residual is not None
+    if x.dim() != 2 or x.device.type != "cpu" or x.stride(1) != 1 or not (x_bf16 or x.dtype == torch.float32):
+        return None
+    if x.shape[1] % 8 or not weight.is_contiguous():
         return None
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.numel() != x.shape[1]:
         return None
     if residual is not None and (not _rows_ok(residual) or residual.shape != x.shape):
         return None
     rows, dim = x.shape
-    add = residual is not None
     stream = residual if residual is not None else x
-    out = torch.empty(rows, dim, dtype=torch.float32)
+    out = torch.empty(rows, dim, dtype=out_dtype)
+    flags = (residual is not None) | x_bf16 << 1 | (out_dtype == torch.bfloat16) << 2
     lib.add_rms_norm(
         x.data_ptr(),
         x.stride(0),
         stream.data_ptr(),
         stream.stride(0),
-        int(add),
+        flags,
         weight.data_ptr(),
         eps,
         out.data_ptr(),

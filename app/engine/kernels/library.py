@@ -27,7 +27,7 @@ _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 6,
     "prefill_attention_abi_version": 2,
-    "elementwise_abi_version": 5,
+    "elementwise_abi_version": 6,
     "qblock_matmul_abi_version": 1,
 }
 
@@ -56,7 +56,7 @@ _SIGNATURES: dict[str, list[type]] = {
             _int,
         ),  # out, out_ld, kv_scratch, scratch, per_thread, avx512, ...
     ],
-    # x, x_ld, residual, res_ld, add, weight, eps, out, out_ld, rows, dim, ...
+    # x, x_ld, residual, res_ld, flags, weight, eps, out, out_ld, rows, dim, ...
     "add_rms_norm": [_ptr, _i64, _ptr, _i64, _int, _ptr, _f32, _ptr, _i64, _i64, _i64, _int, _int],
     "silu_mul": [
         _ptr,

@@ -34,7 +34,13 @@ class Linear(nn.Module):
         # quantization: a GGUF file's own blocks in the layout of the qblock kernel (``weight`` is their codes)
         self.qweight: QBlockWeight | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
+        """``keep_bf16``: a bfloat16 weight's CPU product (without bias) comes back in bfloat16, as oneDNN gives
+        it, for a consumer that reads bfloat16 (saves two conversions); other weights ignore it."""
+        if keep_bf16 and self.bias is None and bf16_io(self):
+            out = bf16_linear(x, self.weight, keep_bf16=True)
+            if out is not None:
+                return out
         if self.qweight is not None:
             out = qblock_linear(x, self.qweight, self.bias)
             return qblock_reference(x, self.qweight, self.bias) if out is None else out
@@ -48,7 +54,7 @@ class Linear(nn.Module):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``: on CPU, by the multi-threaded C kernel for the few-row products of decoding and by oneDNN
     for the larger ones; a bfloat16 weight with float32 activations by oneDNN's bfloat16 product."""
-    if weight.dtype != x.dtype:
+    if weight.dtype != x.dtype or (weight.dtype == torch.bfloat16 and x.device.type == "cpu"):
         mixed = bf16_linear(x, weight, bias)
         if mixed is not None:
             return mixed
@@ -98,15 +104,20 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
     def add_forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None
+        self, x: torch.Tensor, residual: torch.Tensor | None, out_dtype: torch.dtype | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream step of a pre-norm block: ``residual = x + residual`` (just ``x`` when None),
-        returns ``(norm(residual), residual)``. The C kernel fuses both and updates ``residual`` in place."""
-        fused = kernels.add_rms_norm(x, residual, self.weight, self.eps)
+        returns ``(norm(residual), residual)``. The C kernel fuses both and updates ``residual`` in place.
+        ``out_dtype`` (CPU): the normed rows in bfloat16 for bfloat16 products (``x`` may be bfloat16 too)."""
+        if out_dtype is not None:
+            fused = kernels.add_rms_norm(x, residual, self.weight, self.eps, out_dtype)
+        else:
+            fused = kernels.add_rms_norm(x, residual, self.weight, self.eps)
         if fused is not None:
             return fused
-        h = x if residual is None else x + residual
-        return self.forward(h), h
+        h = x if residual is None else residual + x
+        normed = self.forward(h)
+        return (normed if out_dtype is None else normed.to(out_dtype)), h
 
 
 def rope_cos_sin(
@@ -121,12 +132,20 @@ def rope_cos_sin(
     return freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
 
 
-def bf16_swiglu_mlp(x: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor | None:
-    """``down(silu_mul(gate_up(x)))`` for float32 ``x`` (CPU) and bfloat16 or 4-bit weights, with the middle
-    kept in bfloat16: both products give bfloat16 anyway, so the widest tensors of the layer skip two
-    conversions (to float32 and back) and the numbers stay those of the float32 route. None when it does not
-    apply."""
-    if x.dtype != torch.float32 or gate_up.bias is not None or gate_up.qweight is not None:
+def bf16_io(module: Linear) -> bool:
+    """A plain bfloat16 weight on CPU: its products take and give bfloat16 (oneDNN), so the ops around it can
+    hand it bfloat16 rows and take its output as it comes."""
+    return module.weight.dtype == torch.bfloat16 and module.weight.device.type == "cpu"
+
+
+def bf16_swiglu_mlp(
+    x: torch.Tensor, gate_up: Linear, down: Linear, keep_bf16: bool = False
+) -> torch.Tensor | None:
+    """``down(silu_mul(gate_up(x)))`` for float32 or bfloat16 ``x`` (CPU) and bfloat16 or 4-bit weights, with
+    the middle kept in bfloat16: both products give bfloat16 anyway, so the widest tensors of the layer skip two
+    conversions (to float32 and back) and the numbers stay those of the float32 route. ``keep_bf16``: a
+    bfloat16 ``down`` without bias returns its product in bfloat16. None when it does not apply."""
+    if x.dtype not in (torch.float32, torch.bfloat16) or gate_up.bias is not None or gate_up.qweight is not None:
         return None
     gu = _bf16_product(x, gate_up)
     if gu is None:
@@ -136,7 +155,7 @@ def bf16_swiglu_mlp(x: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Ten
     if down.group_size and down.scales is not None:
         return int4_linear(mid, down.weight, down.scales, down.group_size, down.bias, torch.float32)
     if down.scales is None and down.weight.dtype == torch.bfloat16:
-        return bf16_linear(mid, down.weight, down.bias)
+        return bf16_linear(mid, down.weight, down.bias, keep_bf16=keep_bf16 and down.bias is None)
     return down(mid.float())
 
 

@@ -19,6 +19,7 @@ from app.engine.models.layers import (
     Linear,
     RMSNorm,
     apply_rope_,
+    bf16_io,
     bf16_swiglu_mlp,
     placeholder,
     rope_cos_sin,
@@ -48,6 +49,7 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
+        keep_bf16: bool = False,
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
@@ -58,7 +60,7 @@ class LlamaAttention(nn.Module):
         )
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
-        return self.o_proj(paged_attention(q, k, v, kv_cache, attn, self.scale))
+        return self.o_proj.forward(paged_attention(q, k, v, kv_cache, attn, self.scale), keep_bf16)
 
 
 class LlamaMLP(nn.Module):
@@ -68,8 +70,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = bf16_swiglu_mlp(x, self.gate_up_proj, self.down_proj)
+    def forward(self, x: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
+        fused = bf16_swiglu_mlp(x, self.gate_up_proj, self.down_proj, keep_bf16)
         return self.down_proj(silu_mul(self.gate_up_proj(x))) if fused is None else fused
 
 
@@ -94,11 +96,14 @@ class LlamaDecoderLayer(nn.Module):
         returns this block's MLP output and the residual stream, which the next norm adds together.
 
         Submodules are called through ``forward``: ``nn.Module.__call__`` costs microseconds per call, and a
-        one-token decode step makes hundreds of them."""
-        h, residual = self.input_layernorm.add_forward(x, residual)
-        h = self.self_attn.forward(h, cos, sin, kv_cache, attn)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp.forward(h), residual
+        one-token decode step makes hundreds of them. With bfloat16 weights on CPU the rows between the norms
+        and the products travel in bfloat16 (the products take and give it; each conversion is a pass), the
+        residual stream stays float32, and the numbers are those of converting at every product."""
+        io = torch.bfloat16 if bf16_io(self.self_attn.o_proj) else None
+        h, residual = self.input_layernorm.add_forward(x, residual, io)
+        h = self.self_attn.forward(h, cos, sin, kv_cache, attn, io is not None)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual, io)
+        return self.mlp.forward(h, io is not None), residual
 
 
 class LlamaForCausalLM(PagedCausalLM):

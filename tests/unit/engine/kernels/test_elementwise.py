@@ -188,3 +188,22 @@ def test_argmax_rows_is_torch_argmax_ties_nans_and_infinities_included() -> None
     strided = torch.randn(4, 300, generator=gen)[:, 7:260]
     assert torch.equal(argmax_rows(strided), strided.argmax(dim=-1))
     assert argmax_rows(torch.randn(3, 5).double()) is None  # float32 only
+
+
+def test_add_rms_norm_takes_bf16_rows_and_gives_bf16_rows_as_the_conversions_would() -> None:
+    from app.engine.kernels.elementwise import add_rms_norm
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(70, 64, generator=gen).bfloat16()  # a bfloat16 product's output
+    residual = torch.randn(70, 64, generator=gen)
+    weight = torch.randn(64, generator=gen)
+    want_stream = residual + x.float()
+    want = add_rms_norm(x.float(), residual.clone(), weight, 1e-5)
+    got = add_rms_norm(x, residual, weight, 1e-5, torch.bfloat16)
+    assert want is not None and got is not None
+    assert got[1] is residual and torch.equal(residual, want_stream)  # updated in place, exactly
+    assert got[0].dtype == torch.bfloat16 and torch.equal(got[0], want[0].bfloat16())  # rounded as .to rounds
+    # no residual yet (the first layer): the float32 rows themselves, normed into bfloat16
+    first = add_rms_norm(residual.clone(), None, weight, 1e-5, torch.bfloat16)
+    assert first is not None and torch.equal(first[0], want[0].bfloat16())
+    assert add_rms_norm(x, None, weight, 1e-5) is None  # a bfloat16 stream of its own: not taken
