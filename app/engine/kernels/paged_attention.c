@@ -188,6 +188,7 @@ static void attend_bf16_rounded(const float* q, const void* k, const void* v, co
  * instructions: a key row is two bfloat16 products per 32 dims, no widening, and the value sum runs 16 lanes
  * wide. head_dim a multiple of 32, at most 128. */
 #define TGT_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma")))
+#define PREFETCH_AHEAD 16 /* positions */
 
 TGT_BF16 static inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 
@@ -201,23 +202,55 @@ TGT_BF16 static inline __m512 sum16x16(const __m512 v[16]) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
-/* out[0, 32 * NH) = inv * sum_p w[p] * v_p, v_p the bfloat16 row at vrows + rows[p], widened exactly. */
+/* For the G query heads of one kv head: out_g[0, 32 * NH) = inv_g * sum_p w_g[p] * v_p, v_p the bfloat16 row at
+ * vrows + rows[p], widened exactly once for all G heads (GQA: the heads of a group share their values). Each
+ * head's sum runs over p in order, as for a lone head, so the numbers do not depend on G. */
 TGT_BF16 static inline __attribute__((always_inline)) void value_sum_bf16(const uint16_t* vrows, const int64_t* rows,
-                                                                          const float* w, int64_t ctx, float inv,
-                                                                          float* out, const int NH) {
-  __m512 acc[8];
-  for (int c = 0; c < 2 * NH; c++) acc[c] = _mm512_setzero_ps();
+                                                                          const float* w, int64_t w_ld, int64_t ctx,
+                                                                          const float* inv, float* out,
+                                                                          int64_t out_ld, const int NH, const int G) {
+  __m512 acc[4][8];
+  for (int g = 0; g < G; g++)
+    for (int c = 0; c < 2 * NH; c++) acc[g][c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < ctx; p++) {
     const uint16_t* row = vrows + rows[p];
-    if (p + 8 < ctx) _mm_prefetch((const char*)(vrows + rows[p + 8]), _MM_HINT_T0);
-    __m512 wp = _mm512_set1_ps(w[p]);
+    if (p + 8 < ctx) {
+      const char* ahead = (const char*)(vrows + rows[p + 8]);
+      for (int line = 0; line < NH; line++) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+    }
     for (int c = 0; c < 2 * NH; c++) {
       __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(row + 16 * c)));
-      acc[c] = _mm512_fmadd_ps(wp, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)), acc[c]);
+      __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+      for (int g = 0; g < G; g++) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(w[g * w_ld + p]), v, acc[g][c]);
     }
   }
-  __m512 vinv = _mm512_set1_ps(inv);
-  for (int c = 0; c < 2 * NH; c++) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], vinv));
+  for (int g = 0; g < G; g++) {
+    __m512 vinv = _mm512_set1_ps(inv[g]);
+    for (int c = 0; c < 2 * NH; c++) _mm512_storeu_ps(out + g * out_ld + 16 * c, _mm512_mul_ps(acc[g][c], vinv));
+  }
+}
+
+/* value_sum_bf16 with NH and G as constants (accumulators in registers): G query heads per call, at most 4. */
+TGT_BF16 static void value_sums_bf16(const uint16_t* vrows, const int64_t* rows, const float* w, int64_t ctx,
+                                     const float* inv, float* out, int64_t hd, int64_t group) {
+  const int64_t nh = hd / 32;
+  for (int64_t g0 = 0; g0 < group; g0 += 4) {
+    int64_t g = group - g0 < 4 ? group - g0 : 4;
+    const float* wg = w + g0 * ctx;
+    float* og = out + g0 * hd;
+#define VSUM(NH_, G_) value_sum_bf16(vrows, rows, wg, ctx, ctx, inv + g0, og, hd, NH_, G_)
+    if (nh == 2) {
+      if (g == 1) VSUM(2, 1); else if (g == 2) VSUM(2, 2); else if (g == 3) VSUM(2, 3); else VSUM(2, 4);
+    } else if (nh == 4) {
+      if (g == 1) VSUM(4, 1); else if (g == 2) VSUM(4, 2); else if (g == 3) VSUM(4, 3); else VSUM(4, 4);
+    } else {
+      for (int64_t i = 0; i < g; i++) { /* head_dim 32 or 96: one head at a time */
+        if (nh == 1) value_sum_bf16(vrows, rows, wg + i * ctx, ctx, ctx, inv + g0 + i, og + i * hd, hd, 1, 1);
+        else value_sum_bf16(vrows, rows, wg + i * ctx, ctx, ctx, inv + g0 + i, og + i * hd, hd, 3, 1);
+      }
+    }
+#undef VSUM
+  }
 }
 
 TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void* v, const int64_t* table,
@@ -228,6 +261,12 @@ TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void*
   const int64_t token_stride = kvh * hd, nh = hd / 32, qheads = (h1 - h0) * group;
   float inv_sum[256];
   for (int64_t p = 0; p < ctx; p++) rows[p] = (table[p / bs] * bs + p % bs) * token_stride;
+  /* The first head's pass also fetches, PREFETCH_AHEAD positions ahead, the K and V rows of every kv head of the
+   * task into L2: the blocks lie anywhere in the cache, so the other heads' passes and the value sums would each
+   * wait on memory for the whole context again. */
+  const int64_t task_lines = ((h1 - h0) * hd * 2 + 63) / 64;
+  const char* k_task = (const char*)(kc + h0 * hd);
+  const char* v_task = (const char*)(vc + h0 * hd);
 
   /* 1. scores, 16 positions at a time: partial sums per position, then one transposing reduction */
   for (int64_t qh = 0; qh < qheads; qh++) {
@@ -241,6 +280,13 @@ TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void*
       __m512 part[16];
       for (int i = 0; i < 16; i++) {
         if (p0 + 16 + i < ctx) _mm_prefetch((const char*)(kc + rows[p0 + 16 + i] + kh), _MM_HINT_T0);
+        if (qh == 0 && p0 + PREFETCH_AHEAD + i < ctx) {
+          int64_t ahead = 2 * rows[p0 + PREFETCH_AHEAD + i];
+          for (int64_t line = 0; line < task_lines; line++) {
+            _mm_prefetch(k_task + ahead + 64 * line, _MM_HINT_T1);
+            _mm_prefetch(v_task + ahead + 64 * line, _MM_HINT_T1);
+          }
+        }
         part[i] = _mm512_setzero_ps();
         if (p0 + i < ctx)
           for (int64_t c = 0; c < nh; c++)
@@ -257,15 +303,10 @@ TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void*
   /* 2. bfloat16 weights, 1 / sum apart */
   softmax_heads(scores, qheads, ctx, 1, inv_sum);
 
-  /* 3. out = inv * sum_p w_p v_p: float32 weights, value rows widened exactly to float32 */
-  for (int64_t qh = 0; qh < qheads; qh++) {
-    const uint16_t* vrows = vc + (h0 + qh / group) * hd;
-    switch (nh) { /* a constant width keeps the accumulators in registers */
-      case 1: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 1); break;
-      case 2: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 2); break;
-      case 3: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 3); break;
-      default: value_sum_bf16(vrows, rows, scores + qh * ctx, ctx, inv_sum[qh], out + qh * hd, 4); break;
-    }
+  /* 3. out = inv * sum_p w_p v_p: float32 weights, value rows widened exactly to float32, once per group */
+  for (int64_t kv = h0; kv < h1; kv++) {
+    int64_t first = (kv - h0) * group;
+    value_sums_bf16(vc + kv * hd, rows, scores + first * ctx, ctx, inv_sum + first, out + first * hd, hd, group);
   }
 }
 
