@@ -33,7 +33,12 @@ from app.engine.kernels.attention import PREFILL_ISAS, paged_prefill_attention
 from app.engine.kernels.cpu_features import cpu_flags
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
-NEEDS = {"avx2": set(), "avx512": {"avx512f"}, "avx512_bf16": {"avx512f", "avx512_bf16"}}
+NEEDS = {
+    "avx2": set(),
+    "avx512": {"avx512f"},
+    "avx512_bf16": {"avx512f", "avx512_bf16"},
+    "amx": {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"},
+}
 
 
 def best_ms(fn: Callable[[], object], repeats: int, calls: int) -> float:
@@ -85,7 +90,7 @@ def row(tokens: int, cached: int, repeats: int) -> dict[str, float | None]:
             )
 
         call()
-        tol = 2e-2 if isa == "avx512_bf16" else 1e-4  # bfloat16 q/k/v against float32 SDPA
+        tol = 2e-2 if isa in ("avx512_bf16", "amx") else 1e-4  # bfloat16 q/k/v against float32 SDPA
         if not torch.allclose(out, want, rtol=tol, atol=tol):
             raise SystemExit(f"ours {isa} disagrees with SDPA at {tokens} tokens after {cached}")
         figures[f"ours {isa}"] = best_ms(call, repeats, 5)

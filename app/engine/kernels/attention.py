@@ -13,7 +13,8 @@ from app.engine.kernels.cpu_features import cpu_flags
 # Query vectors per tile of the prefill kernel, and its position padding (prefill_attention.c: TILE, PAD).
 _PREFILL_TILE, _PREFILL_PAD = 12, 16
 # The prefill kernel's builds (its `isa` argument).
-PREFILL_ISAS = ("avx2", "avx512", "avx512_bf16")
+PREFILL_ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
+AMX_HEAD_DIMS = (32, 64)  # the AMX build's head sizes (prefill_attention_amx.h)
 
 
 def avx512_enabled() -> bool:
@@ -24,20 +25,33 @@ def avx512_enabled() -> bool:
     return "avx512f" in cpu_flags()
 
 
+def _env_off(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
 def prefill_isa(bf16_products: bool) -> str:
-    """The prefill kernel's build for this CPU: ``avx512_bf16`` (bfloat16 products, for a bfloat16 model) where
-    the CPU has AVX512-BF16 and ``INF_ENGINE_DISABLE_BF16`` is not set, else ``avx512`` or ``avx2``."""
+    """The prefill kernel's build for this CPU: for a bfloat16 model, ``amx`` (AMX-BF16 tiles) where the CPU has
+    them, Linux grants them and ``INF_ENGINE_DISABLE_AMX`` is not set, else ``avx512_bf16`` where the CPU has
+    AVX512-BF16 and ``INF_ENGINE_DISABLE_BF16`` is not set; else ``avx512`` or ``avx2``."""
     if not avx512_enabled():
         return "avx2"
-    no_bf16 = os.environ.get("INF_ENGINE_DISABLE_BF16", "").strip().lower() in ("1", "true", "yes")
-    if bf16_products and not no_bf16 and "avx512_bf16" in cpu_flags():
-        return "avx512_bf16"
+    if bf16_products and not _env_off("INF_ENGINE_DISABLE_BF16") and "avx512_bf16" in cpu_flags():
+        return "amx" if amx_enabled() else "avx512_bf16"
     return "avx512"
+
+
+def amx_enabled() -> bool:
+    """AMX-BF16 tiles for the prefill kernel: the CPU has them, the kernels are built, Linux lets this process
+    use the tile state, and ``INF_ENGINE_DISABLE_AMX`` is not set."""
+    if _env_off("INF_ENGINE_DISABLE_AMX") or not {"amx_tile", "amx_bf16"} <= cpu_flags():
+        return False
+    lib = library.get()
+    return lib is not None and bool(lib.amx_request())
 
 
 def bf16_attention_supported() -> bool:
     """A bfloat16 model's attention runs on bfloat16 values with bfloat16 products here (AVX512-BF16)."""
-    return prefill_isa(bf16_products=True) == "avx512_bf16"
+    return prefill_isa(bf16_products=True) in ("avx512_bf16", "amx")
 
 
 def paged_decode_attention(
@@ -181,7 +195,12 @@ def paged_prefill_attention(
         return False
     padded = [-(-c // _PREFILL_PAD) * _PREFILL_PAD for c in context_lens]
     threads = torch.get_num_threads()
+    build = prefill_isa(bf16_products) if isa is None else isa
+    if build == "amx" and head_dim not in AMX_HEAD_DIMS:
+        build = "avx512_bf16"  # the same values, without tiles
     per_thread = _PREFILL_TILE * max(padded) + head_dim
+    if build == "amx":  # scores, three bfloat16 parts of the weights, the tile's sums (prefill_attention.c)
+        per_thread = _PREFILL_TILE * (-(-max(padded) // 32) * 32 * 5 // 2 + 64) + head_dim
     kv_numel = sum(padded) * kv_heads * 2 * head_dim  # the gathered K/V, then each thread's scores
     scratch = library.scratch(kv_numel + threads * per_thread)  # reused: no page faults per layer
     meta = torch.tensor([context_lens, query_starts, query_lens], dtype=torch.int64)
@@ -207,7 +226,7 @@ def paged_prefill_attention(
         scratch.data_ptr(),
         scratch.data_ptr() + 4 * kv_numel,
         per_thread,
-        PREFILL_ISAS.index(prefill_isa(bf16_products) if isa is None else isa),
+        PREFILL_ISAS.index(build),
         threads,
         library.use_pool(query.shape[0]),
     )

@@ -26,7 +26,7 @@ SOURCES = (
 _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 6,
-    "prefill_attention_abi_version": 2,
+    "prefill_attention_abi_version": 3,
     "elementwise_abi_version": 6,
     "qblock_matmul_abi_version": 1,
 }
@@ -74,6 +74,7 @@ _SIGNATURES: dict[str, list[type]] = {
     # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
     "qblock_scratch_bytes": [_i64, _i64],
+    "amx_request": [],
     "argmax_rows": [_ptr, _i64, _i64, _i64, _ptr, _int, _int],  # x, ld, rows, cols, out, ...
     "qblock_matmul": [
         *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
@@ -84,6 +85,7 @@ _SIGNATURES: dict[str, list[type]] = {
 _RESTYPES: dict[str, type] = {
     "paged_prefill_attention": _int,
     "qblock_matmul": _int,
+    "amx_request": _int,
     "qblock_scratch_bytes": _i64,
 }  # the others return nothing
 # A step of at most this many tokens runs its products in small_matmul too (see matmul.MAX_ROWS), so every

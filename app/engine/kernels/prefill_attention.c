@@ -16,16 +16,19 @@
  * models, bfloat16 products where the CPU has AVX512-BF16 (prefill_attention_bf16.h).
  * Caches are [num_blocks, block_size, kv_heads, head_dim], float32 or bfloat16; queries and outputs float32.
  */
+#define _GNU_SOURCE /* syscall(), for the AMX tile permission */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "threadpool.h"
 #include "vec_math.h"
 
-int prefill_attention_abi_version(void) { return 2; }
+int prefill_attention_abi_version(void) { return 3; }
 
 #define TILE 12 /* query vectors per tile: 12 accumulators + a key vector fit AVX2's 16 registers */
 #define PAD 16  /* position padding of a gathered sequence: a whole vector at either width */
@@ -149,13 +152,15 @@ TGT512 static inline __m512 exp16(__m512 x) {
 #define VHMAX hmax16
 #include "prefill_attention_impl.h"
 #include "prefill_attention_bf16.h"
+#include "prefill_attention_amx.h"
 
 /* q / out: [tokens, heads * head_dim] (row strides q_ld / out_ld); sequence s has qlen[s] query rows from row
  * qstart[s], the last qlen[s] of its ctx[s] positions, whose K/V (new ones included) are already in the cache
  * through its row of tables ([num_seqs, bt_stride]). kv_scratch holds sum over s of kvh * 2 * head_dim *
  * round_up(ctx[s], 16) floats; scratch, per thread, scratch_per_thread >= TILE * round_up(max ctx, 16) + head_dim
- * floats. isa picks the build (the caller checks the CPU): 0 AVX2, 1 AVX-512, 2 AVX-512 with
- * bfloat16 products (prefill_attention_bf16.h). Returns 0, or -1 when out of memory. */
+ * floats (AMX: TILE * round_up(max ctx, 32) * 2.5 + TILE * 64 + head_dim). isa picks the build (the caller
+ * checks the CPU): 0 AVX2, 1 AVX-512, 2 AVX-512 with bfloat16 products (prefill_attention_bf16.h), 3 AMX tiles
+ * (prefill_attention_amx.h; head_dim 32 or 64, after amx_request()). Returns 0, or -1 when out of memory. */
 int paged_prefill_attention(const float* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
                             const int64_t* tables, int64_t bt_stride, const int64_t* ctx, const int64_t* qstart,
                             const int64_t* qlen, int64_t num_seqs, int64_t heads, int64_t kvh, int64_t hd,
@@ -176,7 +181,9 @@ int paged_prefill_attention(const float* q, int64_t q_ld, const void* k_cache, c
   }
   job.tile_off[num_seqs] = tiles;
   int nthreads = num_threads < 1 ? 1 : num_threads;
-  if (isa == 2)
+  if (isa == 3)
+    prefill_attention_amx(&job, nthreads, use_pool);
+  else if (isa == 2)
     prefill_attention_bf16dot(&job, nthreads, use_pool);
   else if (isa == 1)
     prefill_attention_avx512(&job, nthreads, use_pool);

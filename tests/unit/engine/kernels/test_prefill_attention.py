@@ -8,7 +8,12 @@ import torch
 
 from app.engine import kernels
 from app.engine.attention import AttentionMetadata, paged_attention, use_prefill_kernel
-from app.engine.kernels.attention import avx512_enabled, paged_decode_attention, paged_prefill_attention
+from app.engine.kernels.attention import (
+    amx_enabled,
+    avx512_enabled,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
 from app.engine.kernels.cpu_features import cpu_flags
 
 needs_kernel = pytest.mark.skipif(
@@ -28,7 +33,13 @@ BUILDS = [
             not {"avx512f", "avx512_bf16"} <= cpu_flags(), reason="this CPU has no AVX512-BF16"
         ),
     ),
+    pytest.param(
+        "amx",
+        id="amx",
+        marks=pytest.mark.skipif(not amx_enabled(), reason="this CPU (or its kernel) gives no AMX-BF16 tiles"),
+    ),
 ]
+BF16_BUILDS = ("avx512_bf16", "amx")
 SHAPES = [(9, 3, 64), (4, 4, 16), (8, 1, 32), (6, 2, 48)]  # (heads, kv_heads, head_dim): GQA, MHA, MQA
 
 
@@ -73,7 +84,7 @@ def test_kernel_matches_float64_reference(
     assert paged_prefill_attention(query, cache, tables, ctxs, starts, qlens, 0.125, out, isa=isa)
     for i, (start, qlen) in enumerate(zip(starts, qlens, strict=True)):
         rows = slice(start, start + qlen)
-        bf16 = isa == "avx512_bf16"
+        bf16 = isa in BF16_BUILDS
         expected = reference(query[rows], cache, tables[i], ctxs[i], 0.125, bf16)
         # the bfloat16 build is held as tight: the reference rounds q, k and v as its products do
         torch.testing.assert_close(out[rows], expected, rtol=1e-5, atol=3e-6)
@@ -154,9 +165,9 @@ def test_avx512_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_kernel
-@pytest.mark.skipif(not {"avx512f", "avx512_bf16"} <= cpu_flags(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize("isa", [b for b in BUILDS if b.values[0] in BF16_BUILDS])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_bf16_decode_agrees_with_bf16_prefill(cache_dtype: torch.dtype, two_threads: None) -> None:
+def test_bf16_decode_agrees_with_bf16_prefill(cache_dtype: torch.dtype, isa: str, two_threads: None) -> None:
     """A bfloat16 model decodes a position as its prefill computes it, within float32 rounding: both use
     bfloat16 values and float32 sums (a prefix-cache hit that leaves a few tokens to the decode kernel sees
     what the whole prompt saw). Without rounding, the decode kernel is ~1e-3 away."""
@@ -165,7 +176,7 @@ def test_bf16_decode_agrees_with_bf16_prefill(cache_dtype: torch.dtype, two_thre
     table = torch.randperm(10, generator=torch.Generator().manual_seed(9))[:7].view(1, 7).contiguous()
     query = torch.randn(ctx, heads, head_dim, generator=torch.Generator().manual_seed(10))
     prefill = torch.empty(ctx, heads * head_dim)
-    assert paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, prefill, isa="avx512_bf16")
+    assert paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, prefill, isa=isa)
     tables = table.expand(ctx, 7).contiguous()
     lens = torch.arange(1, ctx + 1)
     rounded, plain = torch.empty_like(prefill), torch.empty_like(prefill)
