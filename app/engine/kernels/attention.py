@@ -8,21 +8,13 @@ import os
 import torch
 
 import app.engine.kernels.library as library
-from app.engine.kernels.cpu_features import cpu_flags
+from app.engine.kernels.cpu_features import avx512_enabled, cpu_flags
 
 # Query vectors per tile of the prefill kernel, and its position padding (prefill_attention.c: TILE, PAD).
 _PREFILL_TILE, _PREFILL_PAD = 12, 16
 # The prefill kernel's builds (its `isa` argument).
 PREFILL_ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
 AMX_HEAD_DIMS = (32, 64)  # the AMX build's head sizes (prefill_attention_amx.h)
-
-
-def avx512_enabled() -> bool:
-    """Whether the prefill kernel runs its AVX-512 build: the CPU has AVX-512F and
-    ``INF_ENGINE_DISABLE_AVX512`` is not set (``1`` tries the AVX2 build on a machine that has both)."""
-    if os.environ.get("INF_ENGINE_DISABLE_AVX512", "").strip().lower() in ("1", "true", "yes"):
-        return False
-    return "avx512f" in cpu_flags()
 
 
 def _env_off(name: str) -> bool:

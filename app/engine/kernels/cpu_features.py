@@ -7,7 +7,7 @@ import functools
 import os
 from pathlib import Path
 
-__all__ = ["bf16_products_supported", "cpu_flags"]
+__all__ = ["avx512_enabled", "bf16_products_supported", "cpu_flags"]
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -23,6 +23,14 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.partition(":")[2].split())
     return frozenset()
+
+
+def avx512_enabled() -> bool:
+    """Whether the kernels run their AVX-512 builds: the CPU has AVX-512 F/DQ/BW and
+    ``INF_ENGINE_DISABLE_AVX512`` is not set (``1`` tries the AVX2 builds on a machine that has both)."""
+    if os.environ.get("INF_ENGINE_DISABLE_AVX512", "").strip().lower() in ("1", "true", "yes"):
+        return False
+    return {"avx512f", "avx512dq", "avx512bw"} <= cpu_flags()
 
 
 def bf16_products_supported() -> bool:

@@ -155,6 +155,14 @@ def write_kv(
     return True
 
 
+def use_avx512(on: bool) -> None:
+    """Run the AVX-512 builds of these kernels (the default where the CPU has it and ``INF_ENGINE_DISABLE_AVX512``
+    is not set) or the AVX2 ones; both give the same bits. For tests and comparisons."""
+    lib = library.get()
+    if lib is not None:
+        lib.elementwise_use_avx512(int(on))
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor | None:
     """``x.argmax(dim=-1)`` for float32 ``[rows, cols]`` on CPU (the first index of the largest value, a NaN
     counting as largest): PyTorch's reduction runs at under 1 GB/s here, and a step of 64 greedy rows over a
@@ -166,7 +174,9 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(rows, dtype=torch.long)
     if rows:
         threads = torch.get_num_threads() if rows * x.shape[1] >= 1 << 16 else 1
-        lib.argmax_rows(x.data_ptr(), x.stride(0), rows, x.shape[1], out.data_ptr(), threads, library.use_pool(rows))
+        lib.argmax_rows(
+            x.data_ptr(), x.stride(0), rows, x.shape[1], out.data_ptr(), threads, library.use_pool(rows)
+        )
     return out
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from app.engine.kernels.build import load_kernel
+from app.engine.kernels.cpu_features import avx512_enabled
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 6,
     "prefill_attention_abi_version": 3,
-    "elementwise_abi_version": 6,
+    "elementwise_abi_version": 7,
     "qblock_matmul_abi_version": 1,
 }
 
@@ -75,6 +76,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
     "qblock_scratch_bytes": [_i64, _i64],
     "amx_request": [],
+    "elementwise_use_avx512": [_int],
     "argmax_rows": [_ptr, _i64, _i64, _i64, _ptr, _int, _int],  # x, ld, rows, cols, out, ...
     "qblock_matmul": [
         *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
@@ -155,6 +157,7 @@ def _load() -> ctypes.CDLL | None:
             log.warning("C kernels not used: %s", exc)
             return None
         _lib = lib
+        lib.elementwise_use_avx512(int(avx512_enabled()))
         for check in self_checks:
             if not check():
                 log.warning("C kernel check %s disagrees with PyTorch; kernels not used", check.__name__)

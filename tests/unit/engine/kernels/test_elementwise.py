@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine import kernels
-from app.engine.kernels.cpu_features import bf16_products_supported
+from app.engine.kernels.cpu_features import avx512_enabled, bf16_products_supported, cpu_flags
 from app.engine.models.layers import Linear, RMSNorm, apply_rope, apply_rope_, bf16_swiglu_mlp, silu_mul
 from app.engine.models.quantization import install_q4
 
@@ -207,3 +207,27 @@ def test_add_rms_norm_takes_bf16_rows_and_gives_bf16_rows_as_the_conversions_wou
     first = add_rms_norm(residual.clone(), None, weight, 1e-5, torch.bfloat16)
     assert first is not None and torch.equal(first[0], want[0].bfloat16())
     assert add_rms_norm(x, None, weight, 1e-5) is None  # a bfloat16 stream of its own: not taken
+
+
+@pytest.mark.skipif(
+    not {"avx512f", "avx512dq", "avx512bw"} <= cpu_flags(), reason="this CPU has no AVX-512 F/DQ/BW"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_silu_mul_avx512_and_avx2_give_the_same_bits(dtype: torch.dtype) -> None:
+    from app.engine.kernels.elementwise import silu_mul, use_avx512
+
+    gen = torch.Generator().manual_seed(2)
+    gu = (torch.randn(37, 2 * 96, generator=gen) * 6).to(dtype)
+    gu[0, :4] = torch.tensor([0.0, -0.0, -100.0, 100.0])  # zero, signed zero, exp underflow, large
+    try:
+        use_avx512(False)
+        narrow = silu_mul(gu)
+        use_avx512(True)
+        wide = silu_mul(gu)
+    finally:
+        use_avx512(avx512_enabled())
+    assert narrow is not None and wide is not None and torch.equal(narrow, wide)
+    want = torch.nn.functional.silu(gu[:, :96].float()) * gu[:, 96:].float()
+    torch.testing.assert_close(
+        wide.float(), want.to(dtype).float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-5
+    )
