@@ -399,6 +399,12 @@ def paged_attention(
     block_size = kv_cache.shape[2]
     if block_size != meta.block_size:
         raise ValueError(f"cache block size {block_size} != metadata block size {meta.block_size}")
+    if query.dtype == torch.bfloat16 and query.device.type == "cpu":
+        rows = _bf16_rows_attention(query, key, value, kv_cache, meta, scale)
+        if rows is not None:
+            return rows
+        float_rows = (query.float(), key.float(), value.float())
+        return paged_attention(*float_rows, kv_cache, meta, scale).to(torch.bfloat16)
     write_kv(kv_cache, key, value, meta.slot_mapping)
     if meta.num_seqs == 1 and meta.prefills and not meta.prefills[0].in_decode_index:
         whole = query.new_empty(num_tokens, num_heads * head_dim)
@@ -425,6 +431,43 @@ def paged_attention(
     if not _prefill_kernel(query, kv_cache, meta, prefills, scale, out):
         key, value = _as_cached(key, kv_cache), _as_cached(value, kv_cache)
         _attend_prefills(query, key, value, kv_cache, meta.workspace, prefills, scale, out)
+    return out
+
+
+def _bf16_rows_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor | None:
+    """A bfloat16 model's rows kept in bfloat16 on CPU (its products give and take bfloat16): the C kernels read
+    the bfloat16 query and write a bfloat16 output, the numbers those of float32 rows rounded at the next
+    product. None when a kernel does not take them (the caller then widens the rows)."""
+    if not meta.bf16_products or meta.static_decode is not None or kv_cache.dtype != torch.bfloat16:
+        return None
+    num_tokens, num_heads, head_dim = query.shape
+    out = query.new_empty(num_tokens, num_heads * head_dim)
+    write_kv(kv_cache, key, value, meta.slot_mapping)
+    prefills = meta.prefills
+    dec = meta.decode_index
+    if dec is not None:
+        if not paged_decode_attention(
+            query,
+            kv_cache,
+            dec.block_tables,
+            dec.context_lens,
+            dec.max_context_len,
+            dec.rows,
+            scale,
+            out,
+            bf16_values=True,
+        ):
+            return None
+        prefills = [seq for seq in meta.prefills if not seq.in_decode_index]
+    if prefills and not _prefill_kernel(query, kv_cache, meta, prefills, scale, out):
+        return None
     return out
 
 

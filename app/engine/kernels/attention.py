@@ -65,6 +65,9 @@ def paged_decode_attention(
     valid block id), ``context_lens`` ``[seqs]`` int64, ``rows`` the query row of each sequence (None: row i is
     sequence i). Writes those rows of ``out`` ``[T, heads * head_dim]``.
 
+    ``query`` and ``out`` may both be bfloat16 with ``bf16_values`` on a bfloat16 cache with AVX512-BF16 (the
+    rows of a bfloat16 model that stay in bfloat16 between its products): the same numbers, the output rounded.
+
     ``bf16_values`` (a bfloat16 model): the query, keys and values are rounded to bfloat16, the softmax weights
     and every sum stay float32, as in :func:`paged_prefill_attention` with ``bf16_products``, so that a position
     decoded here stays within float32 rounding of the same position prefilled there. On a bfloat16 cache with
@@ -75,10 +78,12 @@ def paged_decode_attention(
         return False
     num_tokens, heads, head_dim = query.shape
     _, _, block_size, kv_heads, _ = kv_cache.shape
+    io_bf16 = query.dtype == torch.bfloat16  # a bfloat16 model's rows, kept in bfloat16 (mode 2 only)
     if (
-        query.dtype != torch.float32
+        query.dtype not in (torch.float32, torch.bfloat16)
         or kv_cache.dtype not in (torch.float32, torch.bfloat16)
-        or out.dtype != torch.float32
+        or out.dtype != query.dtype
+        or (io_bf16 and not bf16_values)
         or query.device.type != "cpu"
         or kv_cache.device.type != "cpu"
         or head_dim % 8
@@ -102,10 +107,13 @@ def paged_decode_attention(
         dots = kv_cache.dtype == torch.bfloat16 and head_dim % 32 == 0 and bf16_attention_supported()
         mode = 2 if dots else 1  # 2: AVX512-BF16 products on the bfloat16 cache; 1: the same values, AVX2
         if not dots:
+            if io_bf16:
+                return False
             query = query.to(torch.bfloat16).float()  # a copy: the rows the caller keeps are not rounded
     threads = torch.get_num_threads()
-    # Scores, then int64 cache-row indices; even, so every thread's part stays 8-byte aligned.
-    per_thread = (heads + 2) * max_context_len + 2 & ~1
+    # Scores, then int64 cache-row indices (then a task's query and output rows in float32, for bfloat16 ones);
+    # even, so every thread's part stays 8-byte aligned.
+    per_thread = ((heads + 2) * max_context_len + (2 * heads * head_dim if io_bf16 else 0) + 2) & ~1
     scratch = library.scratch(threads * per_thread)
     lib.paged_decode_attention(
         query.data_ptr(),
@@ -114,6 +122,7 @@ def paged_decode_attention(
         kv_cache[1].data_ptr(),
         int(kv_cache.dtype == torch.bfloat16),
         mode,
+        int(io_bf16),
         block_tables.data_ptr(),
         block_tables.stride(0),
         context_lens.data_ptr(),
@@ -157,6 +166,9 @@ def paged_prefill_attention(
     heads * head_dim]``. A query row's numbers depend only on its own query and context, never on the other rows
     of the call, so a prompt gives the same bits whole, in chunks, or after a prefix-cache hit.
 
+    ``query`` and ``out`` may both be bfloat16 for the AMX build (a bfloat16 model's rows kept in bfloat16
+    between its products: the same numbers, the output rounded); False for the other builds.
+
     ``bf16_products``: a bfloat16 model's precision, where the CPU has it: queries, keys and values rounded to
     bfloat16 (as a bfloat16 SDPA has them), the scores by bfloat16 products, float32 weights and sums. ``isa`` forces a build of
     :data:`PREFILL_ISAS` (None: :func:`prefill_isa`).
@@ -166,10 +178,11 @@ def paged_prefill_attention(
         return False
     heads, head_dim = query.shape[1], query.shape[2]
     _, _, block_size, kv_heads, _ = kv_cache.shape
+    io_bf16 = query.dtype == torch.bfloat16  # the AMX build only: see below
     if (
-        query.dtype != torch.float32
+        query.dtype not in (torch.float32, torch.bfloat16)
         or kv_cache.dtype not in (torch.float32, torch.bfloat16)
-        or out.dtype != torch.float32
+        or out.dtype != query.dtype
         or query.device.type != "cpu"
         or kv_cache.device.type != "cpu"
         or head_dim % 16
@@ -190,6 +203,8 @@ def paged_prefill_attention(
     build = prefill_isa(bf16_products) if isa is None else isa
     if build == "amx" and head_dim not in AMX_HEAD_DIMS:
         build = "avx512_bf16"  # the same values, without tiles
+    if io_bf16 and build != "amx":
+        return False
     per_thread = _PREFILL_TILE * max(padded) + head_dim
     if build == "amx":  # scores, three bfloat16 parts of the weights, the tile's sums (prefill_attention.c)
         per_thread = _PREFILL_TILE * (-(-max(padded) // 32) * 32 * 5 // 2 + 64) + head_dim
@@ -202,6 +217,7 @@ def paged_prefill_attention(
         kv_cache[0].data_ptr(),
         kv_cache[1].data_ptr(),
         int(kv_cache.dtype == torch.bfloat16),
+        int(io_bf16),
         tables.data_ptr(),
         tables.stride(0),
         meta[0].data_ptr(),

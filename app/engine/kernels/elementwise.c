@@ -7,11 +7,12 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "threadpool.h"
 #include "vec_math.h"
 
-int elementwise_abi_version(void) { return 7; }
+int elementwise_abi_version(void) { return 8; }
 
 #define ROWS_PER_THREAD 8
 
@@ -250,77 +251,105 @@ void silu_mul(const void* gu, int64_t gu_ld, void* out, int64_t out_ld, int64_t 
 }
 
 typedef struct {
-  float* x;
+  void* x;
   int64_t x_ld;
   const float *cos_t, *sin_t;
   int64_t cs_ld, rows, heads, head_dim, chunks;
+  int bf16;
 } rope_job;
 
-static void rope_chunk(void* arg, int64_t c) {
-  const rope_job* j = (const rope_job*)arg;
+static inline __attribute__((always_inline)) void rope_rows(const rope_job* j, int64_t r0, int64_t r1, int bf16) {
   const int64_t half = j->head_dim / 2;
-  int64_t r0, r1;
-  row_range(j->rows, j->chunks, c, &r0, &r1);
   for (int64_t r = r0; r < r1; r++) {
     const float* cr = j->cos_t + r * j->cs_ld;
     const float* sr = j->sin_t + r * j->cs_ld;
     for (int64_t h = 0; h < j->heads; h++) {
-      float* x1 = j->x + r * j->x_ld + h * j->head_dim;
-      float* x2 = x1 + half;
+      int64_t at = r * j->x_ld + h * j->head_dim;
       for (int64_t k = 0; k < half; k += 8) {
-        __m256 a = _mm256_loadu_ps(x1 + k), b = _mm256_loadu_ps(x2 + k);
+        __m256 a, b;
+        if (bf16) {
+          a = load8_bf16((const uint16_t*)j->x + at + k);
+          b = load8_bf16((const uint16_t*)j->x + at + half + k);
+        } else {
+          a = _mm256_loadu_ps((const float*)j->x + at + k);
+          b = _mm256_loadu_ps((const float*)j->x + at + half + k);
+        }
         __m256 cv = _mm256_loadu_ps(cr + k), sv = _mm256_loadu_ps(sr + k);
-        _mm256_storeu_ps(x1 + k, _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)));
-        _mm256_storeu_ps(x2 + k, _mm256_fmadd_ps(b, cv, _mm256_mul_ps(a, sv)));
+        __m256 y1 = _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)), y2 = _mm256_fmadd_ps(b, cv, _mm256_mul_ps(a, sv));
+        if (bf16) { /* rounded once, as the float32 result is when a bfloat16 consumer reads it */
+          store8_bf16((uint16_t*)j->x + at + k, y1);
+          store8_bf16((uint16_t*)j->x + at + half + k, y2);
+        } else {
+          _mm256_storeu_ps((float*)j->x + at + k, y1);
+          _mm256_storeu_ps((float*)j->x + at + half + k, y2);
+        }
       }
     }
   }
 }
 
+static void rope_chunk(void* arg, int64_t c) {
+  const rope_job* j = (const rope_job*)arg;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  if (j->bf16)
+    rope_rows(j, r0, r1, 1);
+  else
+    rope_rows(j, r0, r1, 0);
+}
+
 /* Rotary embedding in place, "rotate half" layout: for each of the `heads` head vectors of row r,
- * (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with cos/sin [rows, head_dim / 2]. half % 8 == 0. */
-void rope_inplace(float* x, int64_t x_ld, const float* cos_t, const float* sin_t, int64_t cs_ld, int64_t rows,
-                  int64_t heads, int64_t head_dim, int num_threads, int use_pool) {
+ * (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with cos/sin [rows, head_dim / 2]. half % 8 == 0. x is
+ * float32, or bfloat16 with bf16 (computed in float32 from the exact values, rounded once). */
+void rope_inplace(void* x, int64_t x_ld, const float* cos_t, const float* sin_t, int64_t cs_ld, int64_t rows,
+                  int64_t heads, int64_t head_dim, int bf16, int num_threads, int use_pool) {
   int64_t chunks = threads_for(rows, num_threads);
-  rope_job job = {x, x_ld, cos_t, sin_t, cs_ld, rows, heads, head_dim, chunks};
+  rope_job job = {x, x_ld, cos_t, sin_t, cs_ld, rows, heads, head_dim, chunks, bf16};
   parallel_for(chunks, rope_chunk, &job, num_threads, use_pool);
 }
 
 typedef struct {
-  const float *k, *v;
+  const void *k, *v;
   int64_t k_ld, v_ld;
   const int64_t* slots;
   int64_t tokens, row, chunks;
   void *k_cache, *v_cache;
-  int bf16;
+  int bf16, src_bf16;
 } write_kv_job;
 
 static void write_kv_chunk(void* arg, int64_t c) {
   const write_kv_job* j = (const write_kv_job*)arg;
   int64_t t0, t1;
   row_range(j->tokens, j->chunks, c, &t0, &t1);
+  const int64_t size = j->src_bf16 ? 2 : 4;
   for (int64_t t = t0; t < t1; t++) {
-    const float* src[2] = {j->k + t * j->k_ld, j->v + t * j->v_ld};
+    const char* src[2] = {(const char*)j->k + t * j->k_ld * size, (const char*)j->v + t * j->v_ld * size};
     void* dst[2] = {j->k_cache, j->v_cache};
     for (int kv = 0; kv < 2; kv++) {
-      if (j->bf16) {
+      if (j->src_bf16 && j->bf16) { /* bfloat16 into bfloat16: the bits as they are */
+        memcpy((uint16_t*)dst[kv] + j->slots[t] * j->row, src[kv], (size_t)j->row * 2);
+      } else if (j->src_bf16) {
+        float* d = (float*)dst[kv] + j->slots[t] * j->row;
+        for (int64_t i = 0; i < j->row; i += 8) _mm256_storeu_ps(d + i, load8_bf16((const uint16_t*)src[kv] + i));
+      } else if (j->bf16) {
         uint16_t* d = (uint16_t*)dst[kv] + j->slots[t] * j->row;
-        for (int64_t i = 0; i < j->row; i += 8) store8_bf16(d + i, _mm256_loadu_ps(src[kv] + i));
+        for (int64_t i = 0; i < j->row; i += 8) store8_bf16(d + i, _mm256_loadu_ps((const float*)src[kv] + i));
       } else {
         float* d = (float*)dst[kv] + j->slots[t] * j->row;
-        for (int64_t i = 0; i < j->row; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(src[kv] + i));
+        for (int64_t i = 0; i < j->row; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps((const float*)src[kv] + i));
       }
     }
   }
 }
 
 /* The new tokens' keys and values into their cache slots: row t of k (and v), `row` = kv_heads * head_dim
- * contiguous floats (a multiple of 8), goes to row slots[t] of k_cache (and v_cache), rounded to bfloat16 (to
- * nearest even, as PyTorch's .to does) when bf16. One pass instead of a conversion and an index_copy each. */
-void write_kv(const float* k, int64_t k_ld, const float* v, int64_t v_ld, const int64_t* slots, int64_t tokens,
-              int64_t row, void* k_cache, void* v_cache, int bf16, int num_threads, int use_pool) {
+ * contiguous values (a multiple of 8; float32, or bfloat16 with src_bf16), goes to row slots[t] of k_cache (and
+ * v_cache), rounded to bfloat16 (to nearest even, as PyTorch's .to does) when bf16. One pass instead of a
+ * conversion and an index_copy each. */
+void write_kv(const void* k, int64_t k_ld, const void* v, int64_t v_ld, const int64_t* slots, int64_t tokens,
+              int64_t row, void* k_cache, void* v_cache, int bf16, int src_bf16, int num_threads, int use_pool) {
   int64_t chunks = tokens >= 64 ? threads_for(tokens, num_threads) : 1; /* a decode step's few rows: one thread */
-  write_kv_job job = {k, v, k_ld, v_ld, slots, tokens, row, chunks, k_cache, v_cache, bf16};
+  write_kv_job job = {k, v, k_ld, v_ld, slots, tokens, row, chunks, k_cache, v_cache, bf16, src_bf16};
   parallel_for(chunks, write_kv_chunk, &job, num_threads, use_pool);
 }
 

@@ -89,12 +89,18 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
 
 
 def rope_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Rotate ``x`` ``[T, heads, head_dim]`` in place ("rotate half"); ``cos``/``sin`` ``[T, 1, head_dim // 2]``.
+    """Rotate ``x`` ``[T, heads, head_dim]`` in place ("rotate half"); ``cos``/``sin`` ``[T, 1, head_dim // 2]``
+    float32. ``x`` float32, or bfloat16 (rotated in float32 from its exact values, the result rounded once).
 
     ``x`` may be a view into a wider row (the q|k part of a fused projection); heads must be adjacent.
     """
     lib = library.get()
-    if lib is None or x.dim() != 3 or x.dtype != torch.float32 or x.device.type != "cpu":
+    if (
+        lib is None
+        or x.dim() != 3
+        or x.dtype not in (torch.float32, torch.bfloat16)
+        or x.device.type != "cpu"
+    ):
         return False
     rows, heads, head_dim = x.shape
     half = head_dim // 2
@@ -112,6 +118,7 @@ def rope_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         rows,
         heads,
         head_dim,
+        int(x.dtype == torch.bfloat16),
         torch.get_num_threads(),
         library.use_pool(rows),
     )
@@ -121,7 +128,7 @@ def rope_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
 def write_kv(
     kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
 ) -> bool:
-    """Store the new tokens' ``key``/``value`` ``[T, kv_heads, head_dim]`` (float32, heads adjacent; views into
+    """Store the new tokens' ``key``/``value`` ``[T, kv_heads, head_dim]`` (float32 or both bfloat16, heads adjacent; views into
     a fused projection are fine) at their ``slot_mapping`` slots of one layer's ``kv_cache`` ``[2, blocks,
     block_size, kv_heads, head_dim]`` (float32, or bfloat16: rounded to nearest even, as ``.to`` rounds).
     False when it does not apply."""
@@ -131,8 +138,10 @@ def write_kv(
     if kv_cache.dtype not in (torch.float32, torch.bfloat16) or slot_mapping.dtype != torch.int64:
         return False
     kvh, hd = kv_cache.shape[3], kv_cache.shape[4]
+    if key.dtype not in (torch.float32, torch.bfloat16) or value.dtype != key.dtype:
+        return False
     for t in (key, value):
-        if t.dtype != torch.float32 or t.device.type != "cpu" or t.shape[1:] != (kvh, hd):
+        if t.device.type != "cpu" or t.shape[1:] != (kvh, hd):
             return False
         if t.stride(2) != 1 or t.stride(1) != hd:
             return False
@@ -149,6 +158,7 @@ def write_kv(
         kv_cache[0].data_ptr(),
         kv_cache[1].data_ptr(),
         int(kv_cache.dtype == torch.bfloat16),
+        int(key.dtype == torch.bfloat16),
         torch.get_num_threads(),
         library.use_pool(key.shape[0]),
     )

@@ -26,9 +26,9 @@ SOURCES = (
 )
 _ABI = {
     "small_matmul_abi_version": 2,
-    "paged_attention_abi_version": 6,
-    "prefill_attention_abi_version": 3,
-    "elementwise_abi_version": 7,
+    "paged_attention_abi_version": 7,
+    "prefill_attention_abi_version": 4,
+    "elementwise_abi_version": 8,
     "qblock_matmul_abi_version": 1,
 }
 
@@ -37,13 +37,13 @@ _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes
 _SIGNATURES: dict[str, list[type]] = {
     "small_matmul": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _int, _int],
     "paged_decode_attention": [
-        *(_ptr, _i64, _ptr, _ptr, _int, _int),  # q, q_ld, k, v, kv_bf16, bf16_values
+        *(_ptr, _i64, _ptr, _ptr, _int, _int, _int),  # q, q_ld, k, v, kv_bf16, bf16_values, io_bf16
         *(_ptr, _i64, _ptr, _ptr),  # tables, bt_stride, ctx, rows
         *(_i64, _i64, _i64, _i64, _i64, _f32),  # seqs, heads, kv_heads, head_dim, block_size, scale
         *(_ptr, _i64, _ptr, _i64, _i64, _int, _int),  # out, out_ld, scratch, per_thread, max_context, ...
     ],
     "paged_prefill_attention": [
-        *(_ptr, _i64, _ptr, _ptr, _int),  # q, q_ld, k, v, kv_bf16
+        *(_ptr, _i64, _ptr, _ptr, _int, _int),  # q, q_ld, k, v, kv_bf16, io_bf16
         *(_ptr, _i64, _ptr, _ptr, _ptr),  # tables, bt_stride, ctx, qstart, qlen
         *(_i64, _i64, _i64, _i64, _i64, _f32),  # seqs, heads, kv_heads, head_dim, block_size, scale
         *(
@@ -70,10 +70,10 @@ _SIGNATURES: dict[str, list[type]] = {
         _int,
         _int,
     ],  # gu, ld, out, ld, rows, inter, bf16, ...
-    # k, k_ld, v, v_ld, slots, tokens, row, k_cache, v_cache, bf16, ...
-    "write_kv": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _int, _int, _int],
-    # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, ...
-    "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
+    # k, k_ld, v, v_ld, slots, tokens, row, k_cache, v_cache, bf16, src_bf16, ...
+    "write_kv": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _int, _int, _int, _int],
+    # x, x_ld, cos, sin, cs_ld, rows, heads, head_dim, bf16, ...
+    "rope_inplace": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int, _int],
     "qblock_scratch_bytes": [_i64, _i64],
     "amx_request": [],
     "elementwise_use_avx512": [_int],

@@ -27,7 +27,7 @@
 #include "threadpool.h"
 #include "vec_math.h"
 
-int paged_attention_abi_version(void) { return 6; }
+int paged_attention_abi_version(void) { return 7; }
 
 /* Eight float32 values rounded to bfloat16 (to nearest even; finite inputs), kept as float32. */
 static inline __m256 round_bf16(__m256 x) {
@@ -314,41 +314,69 @@ typedef void (*attend_fn)(const float*, const void*, const void*, const int64_t*
                           int64_t, int64_t, int64_t, int64_t, float, float*, float*, int64_t*);
 
 typedef struct {
-  const float* q;
+  const void* q;
   int64_t q_ld;
   const void *k_cache, *v_cache;
   attend_fn attend;
   const int64_t *block_tables, *context_lens, *rows;
   int64_t bt_stride, heads, kvh, hd, bs, group, split, per_seq;
   float scale;
-  float* out;
+  void* out;
   int64_t out_ld;
   float* scratch;
   int64_t scratch_per_thread, max_context;
+  int io_bf16; /* q and out bfloat16: widened into / rounded out of float32 rows in the thread's scratch */
 } attention_job;
+
+/* Float32 bits of bfloat16 values, and float32 rounded to bfloat16 (nearest even, as PyTorch's .to). */
+static inline float widen_bf16(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+static inline uint16_t round_to_bf16(float f) {
+  uint32_t bits;
+  memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+  return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
 
 static void attention_task(void* arg, int64_t task) {
   const attention_job* j = (const attention_job*)arg;
   int64_t i = task / j->per_seq, h0 = (task % j->per_seq) * j->split;
   int64_t row = j->rows ? j->rows[i] : i;
-  int64_t first = h0 * j->group * j->hd;
+  int64_t first = h0 * j->group * j->hd, n = j->split * j->group * j->hd;
   float* scores = j->scratch + (int64_t)thread_slot() * j->scratch_per_thread;
   int64_t* cache_rows = (int64_t*)(scores + ((j->heads * j->max_context + 1) & ~(int64_t)1)); /* aligned */
-  j->attend(j->q + row * j->q_ld + first, j->k_cache, j->v_cache,
-                                          j->block_tables + i * j->bt_stride, j->context_lens[i], h0,
-                                          h0 + j->split, j->group, j->kvh, j->hd, j->bs, j->scale,
-                                          j->out + row * j->out_ld + first, scores, cache_rows);
+  const float* q = (const float*)j->q + row * j->q_ld + first;
+  float* out = (float*)j->out + row * j->out_ld + first;
+  if (j->io_bf16) {
+    float* q32 = (float*)(cache_rows + j->max_context);
+    const uint16_t* q16 = (const uint16_t*)j->q + row * j->q_ld + first;
+    for (int64_t k = 0; k < n; k++) q32[k] = widen_bf16(q16[k]);
+    q = q32;
+    out = q32 + n;
+  }
+  j->attend(q, j->k_cache, j->v_cache, j->block_tables + i * j->bt_stride, j->context_lens[i], h0, h0 + j->split,
+            j->group, j->kvh, j->hd, j->bs, j->scale, out, scores, cache_rows);
+  if (j->io_bf16) {
+    uint16_t* o16 = (uint16_t*)j->out + row * j->out_ld + first;
+    for (int64_t k = 0; k < n; k++) o16[k] = round_to_bf16(out[k]);
+  }
 }
 
 /* q: row rows[i] (or i when rows is NULL) of a [tokens, heads * head_dim] matrix with row stride q_ld;
- * out: the same rows of a [tokens, heads * head_dim] matrix with row stride out_ld. Each thread's scratch
- * (scratch_per_thread floats, an even number) holds the scores, then max_context int64 cache-row indices.
+ * out: the same rows of a [tokens, heads * head_dim] matrix with row stride out_ld; both float32, or bfloat16 with
+ * io_bf16. Each thread's scratch (scratch_per_thread floats, an even number) holds the scores, then max_context
+ * int64 cache-row indices, then (io_bf16) 2 * heads * head_dim floats for a task's query and output rows.
  * With enough sequences to keep every thread busy a task is a whole sequence; with fewer, one kv head of one. */
-void paged_decode_attention(const float* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
-                            int bf16_values,
+void paged_decode_attention(const void* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
+                            int bf16_values, int io_bf16,
                             const int64_t* block_tables, int64_t bt_stride, const int64_t* context_lens,
                             const int64_t* rows, int64_t num_seqs, int64_t heads, int64_t kvh, int64_t hd,
-                            int64_t bs, float scale, float* out, int64_t out_ld, float* scratch,
+                            int64_t bs, float scale, void* out, int64_t out_ld, float* scratch,
                             int64_t scratch_per_thread, int64_t max_context, int num_threads, int use_pool) {
   int nthreads = num_threads < 1 ? 1 : num_threads;
   int64_t split = num_seqs >= 2 * (int64_t)nthreads ? kvh : 1; /* kv heads per task */
@@ -358,6 +386,6 @@ void paged_decode_attention(const float* q, int64_t q_ld, const void* k_cache, c
   attention_job job = {q,        q_ld,        k_cache, v_cache,     fn,      block_tables, context_lens,
                        rows,     bt_stride,   heads,   kvh,         hd,      bs,           heads / kvh,
                        split,    kvh / split, scale,   out,         out_ld,  scratch,      scratch_per_thread,
-                       max_context};
+                       max_context, io_bf16};
   parallel_for(num_seqs * (kvh / split), attention_task, &job, nthreads, use_pool);
 }

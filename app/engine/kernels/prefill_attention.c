@@ -28,7 +28,7 @@
 #include "threadpool.h"
 #include "vec_math.h"
 
-int prefill_attention_abi_version(void) { return 3; }
+int prefill_attention_abi_version(void) { return 4; }
 
 #define TILE 12 /* query vectors per tile: 12 accumulators + a key vector fit AVX2's 16 registers */
 #define PAD 16  /* position padding of a gathered sequence: a whole vector at either width */
@@ -49,6 +49,7 @@ typedef struct {
   int64_t* tile_off; /* [num_seqs + 1] first task of each sequence */
   float* scratch;    /* per thread: scores, then a spare output row */
   int64_t scratch_per_thread;
+  int io_bf16; /* q and out are bfloat16 (the AMX build only) */
 } prefill_job;
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -160,8 +161,10 @@ TGT512 static inline __m512 exp16(__m512 x) {
  * round_up(ctx[s], 16) floats; scratch, per thread, scratch_per_thread >= TILE * round_up(max ctx, 16) + head_dim
  * floats (AMX: TILE * round_up(max ctx, 32) * 2.5 + TILE * 64 + head_dim). isa picks the build (the caller
  * checks the CPU): 0 AVX2, 1 AVX-512, 2 AVX-512 with bfloat16 products (prefill_attention_bf16.h), 3 AMX tiles
- * (prefill_attention_amx.h; head_dim 32 or 64, after amx_request()). Returns 0, or -1 when out of memory. */
+ * (prefill_attention_amx.h; head_dim 32 or 64, after amx_request()), which also takes bfloat16 q and out
+ * (io_bf16: the same numbers, the output rounded to nearest even). Returns 0, or -1 when out of memory. */
 int paged_prefill_attention(const float* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
+                            int io_bf16,
                             const int64_t* tables, int64_t bt_stride, const int64_t* ctx, const int64_t* qstart,
                             const int64_t* qlen, int64_t num_seqs, int64_t heads, int64_t kvh, int64_t hd,
                             int64_t bs, float scale, float* out, int64_t out_ld, float* kv_scratch, float* scratch,
@@ -171,7 +174,7 @@ int paged_prefill_attention(const float* q, int64_t q_ld, const void* k_cache, c
   prefill_job job = {q,         q_ld,      k_cache,   v_cache,     kv_bf16,     tables, ctx,    qstart,
                      qlen,      bt_stride, num_seqs,  kvh,         heads / kvh, hd,     bs,     scale,
                      out,       out_ld,    kv_scratch, offsets,    offsets + num_seqs, scratch,
-                     scratch_per_thread};
+                     scratch_per_thread, io_bf16};
   int64_t kv = 0, tiles = 0;
   for (int64_t s = 0; s < num_seqs; s++) {
     job.kv_off[s] = kv;

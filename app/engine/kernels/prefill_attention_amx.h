@@ -11,7 +11,8 @@
  *
  * Keys come in the AVX512-BF16 build's layout ([head_dim / 2][pad][2]: a tile's rows are pairs of dims, 16
  * positions each); values as [pad32 / 2][head_dim][2] (a tile's rows are pairs of positions, 16 dims each).
- * head_dim 32 or 64 (two C tiles of scores' dims at most, four of values'). Included by prefill_attention.c
+ * head_dim 32 or 64 (two C tiles of scores' dims at most, four of values'). q and out may be bfloat16 (io_bf16:
+ * a bfloat16 model's rows between its products; the same numbers, the output rounded). Included by prefill_attention.c
  * after the AVX512-BF16 build, whose helpers it uses.
  */
 #define TGT_AMX __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
@@ -146,17 +147,22 @@ TGT_AMX static void tile_task_amx(void* arg, int64_t task) {
   int64_t qlen = j->qlen[s], ctx = j->ctx[s], pad = round_up(ctx, PAD), hd = j->hd, group = j->group;
   int64_t nvec = qlen * group, u0 = t * TILE;
   uint16_t qa[TILE * 64] __attribute__((aligned(64)));
-  float* out[TILE];
+  int64_t out_at[TILE];
   float inv[TILE];
   int64_t limit[TILE];
   for (int u = 0; u < TILE; u++) {
     int64_t uu = u0 + u < nvec ? u0 + u : nvec - 1;
     int64_t row = j->qstart[s] + uu / group, head = kh * group + uu % group;
-    const float* qu = j->q + row * j->q_ld + head * hd;
-    for (int64_t d = 0; d < hd; d += 32) /* rounded to nearest even, as f32_to_bf16 */
-      _mm512_storeu_si512(qa + u * hd + d,
-                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qu + d + 16), _mm512_loadu_ps(qu + d)));
-    out[u] = u0 + u < nvec ? j->out + row * j->out_ld + head * hd : NULL;
+    if (j->io_bf16) {
+      memcpy(qa + u * hd, (const uint16_t*)j->q + row * j->q_ld + head * hd, (size_t)hd * 2);
+    } else {
+      const float* qu = j->q + row * j->q_ld + head * hd;
+      for (int64_t d = 0; d < hd; d += 32) /* rounded to nearest even, as f32_to_bf16 */
+        _mm512_storeu_si512(qa + u * hd + d,
+                            (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qu + d + 16), _mm512_loadu_ps(qu + d)));
+    }
+    /* an element offset into out (of float32 rows, or of bfloat16 ones with io_bf16); -1: a repeat */
+    out_at[u] = u0 + u < nvec ? row * j->out_ld + head * hd : -1;
     limit[u] = ctx - qlen + uu / group + 1;
   }
   int64_t upto = limit[TILE - 1], upto16 = round_up(upto, 16), upto32 = round_up(upto, 32);
@@ -165,8 +171,7 @@ TGT_AMX static void tile_task_amx(void* arg, int64_t task) {
   float* scores = j->scratch + (int64_t)thread_slot() * j->scratch_per_thread;
   int64_t wpad = round_up(pad, 32); /* the weights' row length: whole 32-position tiles */
   uint16_t* parts = (uint16_t*)(scores + TILE * wpad); /* three [TILE][wpad] bfloat16 parts */
-  float* sums = (float*)(parts + 3 * TILE * wpad);     /* [TILE][64] */
-  float* spare = sums + TILE * 64;
+  float* sums = (float*)(parts + 3 * TILE * wpad); /* [TILE][64] */
   amx_configure();
 
   /* 1. scores of positions [0, upto16), 16 at a time */
@@ -219,9 +224,16 @@ TGT_AMX static void tile_task_amx(void* arg, int64_t task) {
     _tile_stored(3, sums + 48, 64 * 4);
   }
   for (int u = 0; u < TILE; u++) {
-    float* o = out[u] ? out[u] : spare;
+    int64_t at = out_at[u];
+    if (at < 0) continue; /* a short tile's repeat of its last vector */
     __m512 vinv = _mm512_set1_ps(inv[u]);
-    for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(sums + u * 64 + d), vinv));
+    for (int64_t d = 0; d < hd; d += 16) {
+      __m512 o = _mm512_mul_ps(_mm512_loadu_ps(sums + u * 64 + d), vinv);
+      if (j->io_bf16)
+        _mm256_storeu_si256((__m256i*)((uint16_t*)j->out + at + d), (__m256i)_mm512_cvtneps_pbh(o));
+      else
+        _mm512_storeu_ps(j->out + at + d, o);
+    }
   }
 }
 

@@ -52,7 +52,9 @@ class LlamaAttention(nn.Module):
         keep_bf16: bool = False,
     ) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        # A bfloat16 model on CPU: q, k and v stay in bfloat16 (the attention kernels read them so, and round
+        # its output for o_proj), or float32 where its attention does not compute in bfloat16 values.
+        qkv = self.qkv_proj.forward(x, keep_bf16 and attn.bf16_products)
         qk_size = self.q_size + self.kv_size
         # Rotate q and k in one pass, in place: they are adjacent in the fused projection.
         qk = apply_rope_(

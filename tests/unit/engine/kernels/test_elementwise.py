@@ -231,3 +231,22 @@ def test_silu_mul_avx512_and_avx2_give_the_same_bits(dtype: torch.dtype) -> None
     torch.testing.assert_close(
         wide.float(), want.to(dtype).float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-5
     )
+
+
+def test_rope_and_write_kv_take_bf16_rows_as_the_float32_path_rounds_them() -> None:
+    from app.engine.kernels.elementwise import rope_inplace, write_kv
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 4, 32, generator=gen).bfloat16()
+    ang = torch.randn(5, 1, 16, generator=gen)
+    cos, sin = ang.cos(), ang.sin()
+    wide, narrow = x.float(), x.clone()
+    assert rope_inplace(wide, cos, sin) and rope_inplace(narrow, cos, sin)
+    assert torch.equal(narrow, wide.bfloat16())  # rotated in float32, rounded once
+    for cache_dtype in (torch.bfloat16, torch.float32):
+        a = torch.zeros(2, 4, 2, 3, 16, dtype=cache_dtype)
+        b = torch.zeros_like(a)
+        key, value = (torch.randn(3, 3, 16, generator=gen).bfloat16() for _ in range(2))
+        slots = torch.tensor([5, 0, 7])
+        assert write_kv(a, key, value, slots) and write_kv(b, key.float(), value.float(), slots)
+        assert torch.equal(a, b)

@@ -184,3 +184,28 @@ def test_bf16_decode_agrees_with_bf16_prefill(cache_dtype: torch.dtype, isa: str
     assert paged_decode_attention(query, cache, tables, lens, ctx, None, 0.125, plain)
     torch.testing.assert_close(rounded, prefill, rtol=1e-5, atol=2e-6)
     assert (plain - prefill).abs().max() > 1e-4
+
+
+@needs_kernel
+@pytest.mark.skipif(not amx_enabled(), reason="this CPU (or its kernel) gives no AMX-BF16 tiles")
+def test_bf16_rows_in_and_out_give_the_float32_rows_numbers_rounded(two_threads: None) -> None:
+    """A bfloat16 model keeps q and the attention output in bfloat16 between its products: the AMX prefill and
+    the AVX512-BF16 decode read the bfloat16 query and round their output, the same numbers otherwise."""
+    heads, kv_heads, head_dim, block_size, ctx = 9, 3, 64, 16, 70
+    cache = random_cache(8, block_size, kv_heads, head_dim, torch.bfloat16, seed=11)
+    table = torch.randperm(8, generator=torch.Generator().manual_seed(12))[:5].view(1, 5).contiguous()
+    query = torch.randn(ctx, heads, head_dim, generator=torch.Generator().manual_seed(13)).bfloat16()
+    wide = torch.empty(ctx, heads * head_dim)
+    rows = torch.empty(ctx, heads * head_dim, dtype=torch.bfloat16)
+    assert paged_prefill_attention(query.float(), cache, table, [ctx], [0], [ctx], 0.125, wide, isa="amx")
+    assert paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, rows, isa="amx")
+    assert torch.equal(rows, wide.bfloat16())
+    assert not paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, rows, isa="avx512")
+    tables = table.expand(ctx, 5).contiguous()
+    lens = torch.arange(1, ctx + 1)
+    wide_dec = torch.empty(ctx, heads * head_dim)
+    rows_dec = torch.empty(ctx, heads * head_dim, dtype=torch.bfloat16)
+    assert paged_decode_attention(query.float(), cache, tables, lens, ctx, None, 0.125, wide_dec, bf16_values=True)
+    assert paged_decode_attention(query, cache, tables, lens, ctx, None, 0.125, rows_dec, bf16_values=True)
+    assert torch.equal(rows_dec, wide_dec.bfloat16())
+    assert not paged_decode_attention(query, cache, tables, lens, ctx, None, 0.125, rows_dec)  # needs bf16 values
