@@ -46,6 +46,28 @@ def bf16_attention_supported() -> bool:
     return prefill_isa(bf16_products=True) in ("avx512_bf16", "amx")
 
 
+def _rows_and_cache_ok(
+    query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, dim_multiple: int, max_dim: int
+) -> bool:
+    """What both attention kernels need of their rows and cache: CPU float32 or bfloat16 query and output of
+    the same dtype, heads adjacent, a contiguous float32 or bfloat16 cache, whole GQA groups."""
+    heads, head_dim = query.shape[1], query.shape[2]
+    return (
+        query.dtype in (torch.float32, torch.bfloat16)
+        and kv_cache.dtype in (torch.float32, torch.bfloat16)
+        and out.dtype == query.dtype
+        and query.device.type == "cpu"
+        and kv_cache.device.type == "cpu"
+        and head_dim % dim_multiple == 0
+        and head_dim <= max_dim
+        and heads % kv_cache.shape[3] == 0
+        and query.stride(2) == 1
+        and query.stride(1) == head_dim
+        and kv_cache.is_contiguous()
+        and out.shape == (query.shape[0], heads * head_dim)
+    )
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -80,21 +102,10 @@ def paged_decode_attention(
     _, _, block_size, kv_heads, _ = kv_cache.shape
     io_bf16 = query.dtype == torch.bfloat16  # a bfloat16 model's rows, kept in bfloat16 (mode 2 only)
     if (
-        query.dtype not in (torch.float32, torch.bfloat16)
-        or kv_cache.dtype not in (torch.float32, torch.bfloat16)
-        or out.dtype != query.dtype
+        not _rows_and_cache_ok(query, kv_cache, out, 8, 128)
         or (io_bf16 and not bf16_values)
-        or query.device.type != "cpu"
-        or kv_cache.device.type != "cpu"
-        or head_dim % 8
-        or head_dim > 128
         or heads > 256
-        or heads % kv_heads
-        or query.stride(2) != 1
-        or query.stride(1) != head_dim
-        or not kv_cache.is_contiguous()
         or not out.is_contiguous()
-        or out.shape != (num_tokens, heads * head_dim)
         or not block_tables.is_contiguous()
         or block_tables.dtype != torch.int64
         or context_lens.dtype != torch.int64
@@ -180,19 +191,8 @@ def paged_prefill_attention(
     _, _, block_size, kv_heads, _ = kv_cache.shape
     io_bf16 = query.dtype == torch.bfloat16  # the AMX build only: see below
     if (
-        query.dtype not in (torch.float32, torch.bfloat16)
-        or kv_cache.dtype not in (torch.float32, torch.bfloat16)
-        or out.dtype != query.dtype
-        or query.device.type != "cpu"
-        or kv_cache.device.type != "cpu"
-        or head_dim % 16
-        or head_dim > 256
-        or heads % kv_heads
-        or query.stride(2) != 1
-        or query.stride(1) != head_dim
-        or not kv_cache.is_contiguous()
+        not _rows_and_cache_ok(query, kv_cache, out, 16, 256)
         or out.stride(1) != 1
-        or out.shape != (query.shape[0], heads * head_dim)
         or not tables.is_contiguous()
         or tables.dtype != torch.int64
         or tables.shape[0] != len(context_lens)

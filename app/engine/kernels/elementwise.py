@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import app.engine.kernels.library as library
+from app.engine.kernels.cpu_features import avx512_enabled
 
 
 def _rows_ok(t: torch.Tensor) -> bool:
@@ -220,4 +221,11 @@ def check_elementwise() -> bool:
     return ok and rope_inplace(got, cos, sin) and torch.allclose(got, want, atol=1e-5)
 
 
+def _pick_avx512() -> bool:
+    """Run once the library is loaded (a self-check that always passes): the AVX-512 builds where they apply."""
+    use_avx512(avx512_enabled())
+    return True
+
+
+library.self_checks.append(_pick_avx512)
 library.self_checks.append(check_elementwise)

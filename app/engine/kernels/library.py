@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 import torch
 
 from app.engine.kernels.build import load_kernel
-from app.engine.kernels.cpu_features import avx512_enabled
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +156,6 @@ def _load() -> ctypes.CDLL | None:
             log.warning("C kernels not used: %s", exc)
             return None
         _lib = lib
-        lib.elementwise_use_avx512(int(avx512_enabled()))
         for check in self_checks:
             if not check():
                 log.warning("C kernel check %s disagrees with PyTorch; kernels not used", check.__name__)
