@@ -453,22 +453,35 @@ def _bf16_rows_attention(
     prefills = meta.prefills
     dec = meta.decode_index
     if dec is not None:
-        if not paged_decode_attention(
-            query,
-            kv_cache,
-            dec.block_tables,
-            dec.context_lens,
-            dec.max_context_len,
-            dec.rows,
-            scale,
-            out,
-            bf16_values=True,
-        ):
+        if not _decode_kernel(query, kv_cache, dec, scale, out, bf16_values=True):
             return None
         prefills = [seq for seq in meta.prefills if not seq.in_decode_index]
     if prefills and not _prefill_kernel(query, kv_cache, meta, prefills, scale, out):
         return None
     return out
+
+
+def _decode_kernel(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    dec: _DecodeIndex,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    bf16_values: bool,
+) -> bool:
+    """The C decode kernel over the metadata's decode entries, into their rows of ``out``."""
+    return paged_decode_attention(
+        query,
+        kv_cache,
+        dec.block_tables,
+        dec.context_lens,
+        dec.max_context_len,
+        dec.rows,
+        scale,
+        out,
+        bf16_values=bf16_values,
+    )
 
 
 def _as_cached(new: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -530,17 +543,7 @@ def _attend_decodes(
     dec = meta.decode_index
     if dec is not None:
         out = query.new_empty(num_tokens, num_heads * head_dim)
-        if paged_decode_attention(
-            query,
-            kv_cache,
-            dec.block_tables,
-            dec.context_lens,
-            dec.max_context_len,
-            dec.rows,
-            scale,
-            out,
-            bf16_values=meta.bf16_products,
-        ):
+        if _decode_kernel(query, kv_cache, dec, scale, out, bf16_values=meta.bf16_products):
             prefills = [seq for seq in meta.prefills if not seq.in_decode_index]
             return out, prefills, not prefills
     k_blocks = kv_cache[0].view(num_blocks, -1)  # [num_blocks, block_size * kv_heads * head_dim]

@@ -328,21 +328,6 @@ typedef struct {
   int io_bf16; /* q and out bfloat16: widened into / rounded out of float32 rows in the thread's scratch */
 } attention_job;
 
-/* Float32 bits of bfloat16 values, and float32 rounded to bfloat16 (nearest even, as PyTorch's .to). */
-static inline float widen_bf16(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-static inline uint16_t round_to_bf16(float f) {
-  uint32_t bits;
-  memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-  return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 static void attention_task(void* arg, int64_t task) {
   const attention_job* j = (const attention_job*)arg;
   int64_t i = task / j->per_seq, h0 = (task % j->per_seq) * j->split;
@@ -355,7 +340,7 @@ static void attention_task(void* arg, int64_t task) {
   if (j->io_bf16) {
     float* q32 = (float*)(cache_rows + j->max_context);
     const uint16_t* q16 = (const uint16_t*)j->q + row * j->q_ld + first;
-    for (int64_t k = 0; k < n; k++) q32[k] = widen_bf16(q16[k]);
+    for (int64_t k = 0; k < n; k++) q32[k] = bf16_to_f32(q16[k]);
     q = q32;
     out = q32 + n;
   }
@@ -363,7 +348,7 @@ static void attention_task(void* arg, int64_t task) {
             j->group, j->kvh, j->hd, j->bs, j->scale, out, scores, cache_rows);
   if (j->io_bf16) {
     uint16_t* o16 = (uint16_t*)j->out + row * j->out_ld + first;
-    for (int64_t k = 0; k < n; k++) o16[k] = round_to_bf16(out[k]);
+    for (int64_t k = 0; k < n; k++) o16[k] = f32_to_bf16(out[k]);
   }
 }
 

@@ -54,11 +54,34 @@ typedef struct {
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-static inline float bf16_to_f32(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
+/* Where task `task` of phase 2 sits: sequence s, kv head kh, and its first query vector u0 (vector u = query row
+ * u / group, head u % group of the kv head's group); tasks run the longest tiles first, for balance. */
+typedef struct {
+  int64_t s, kh, u0, nvec, ctx, pad;
+} tile_place;
+
+static inline tile_place place_tile(const prefill_job* j, int64_t task) {
+  tile_place t;
+  t.s = 0;
+  while (j->tile_off[t.s + 1] <= task) t.s++;
+  int64_t local = task - j->tile_off[t.s];
+  int64_t ntiles = (j->tile_off[t.s + 1] - j->tile_off[t.s]) / j->kvh;
+  t.kh = local % j->kvh;
+  t.u0 = (ntiles - 1 - local / j->kvh) * TILE;
+  t.nvec = j->qlen[t.s] * j->group;
+  t.ctx = j->ctx[t.s];
+  t.pad = round_up(t.ctx, PAD);
+  return t;
+}
+
+/* Vector u of the tile (a short last tile repeats its last vector): the element offset of its query row and
+ * head in q (q_ld) and out (out_ld), -1 for out when it is a repeat, and the positions it may see. */
+static inline int64_t tile_vector(const prefill_job* j, const tile_place* t, int u, int64_t* q_at, int64_t* out_at) {
+  int64_t uu = t->u0 + u < t->nvec ? t->u0 + u : t->nvec - 1;
+  int64_t row = j->qstart[t->s] + uu / j->group, head = t->kh * j->group + uu % j->group;
+  *q_at = row * j->q_ld + head * j->hd;
+  *out_at = t->u0 + u < t->nvec ? row * j->out_ld + head * j->hd : -1;
+  return t->ctx - j->qlen[t->s] + uu / j->group + 1;
 }
 
 static inline float hmax8(__m256 v) {
@@ -117,24 +140,6 @@ TGT512 static inline float hmax16(__m512 v) {
   return hmax8(_mm256_max_ps(lo, hi));
 }
 
-TGT512 static inline __m512 exp16(__m512 x) {
-  __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
-}
-
 #define SFX avx512
 #define TGT TGT512
 #define W 16
@@ -148,7 +153,7 @@ TGT512 static inline __m512 exp16(__m512 x) {
 #define VSUB _mm512_sub_ps
 #define VADD _mm512_add_ps
 #define VMAXV _mm512_max_ps
-#define VEXP exp16
+#define VEXP exp512_nonpositive
 #define VHSUM hsum16
 #define VHMAX hmax16
 #include "prefill_attention_impl.h"

@@ -123,7 +123,7 @@ TGT_AMX static float weights_amx(const float* s, int64_t n, int64_t upto32, floa
   for (p = 0; p < n; p += 16) {
     __mmask16 live = p + 16 <= n ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - p)) - 1);
     __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + p), vscale), vm);
-    __m512 e = _mm512_maskz_mov_ps(live, exp16(x));
+    __m512 e = _mm512_maskz_mov_ps(live, exp512_nonpositive(x));
     vsum = _mm512_add_ps(vsum, e);
     __m256i hi, mid;
     __m512 rest = split_bf16(split_bf16(e, &hi), &mid);
@@ -138,32 +138,23 @@ TGT_AMX static float weights_amx(const float* s, int64_t n, int64_t upto32, floa
 
 TGT_AMX static void tile_task_amx(void* arg, int64_t task) {
   const prefill_job* j = (const prefill_job*)arg;
-  int64_t s = 0;
-  while (j->tile_off[s + 1] <= task) s++;
-  int64_t local = task - j->tile_off[s];
-  int64_t kh = local % j->kvh;
-  int64_t ntiles = (j->tile_off[s + 1] - j->tile_off[s]) / j->kvh;
-  int64_t t = ntiles - 1 - local / j->kvh;
-  int64_t qlen = j->qlen[s], ctx = j->ctx[s], pad = round_up(ctx, PAD), hd = j->hd, group = j->group;
-  int64_t nvec = qlen * group, u0 = t * TILE;
+  tile_place tp = place_tile(j, task);
+  int64_t s = tp.s, kh = tp.kh, pad = tp.pad, hd = j->hd;
   uint16_t qa[TILE * 64] __attribute__((aligned(64)));
   int64_t out_at[TILE];
   float inv[TILE];
   int64_t limit[TILE];
   for (int u = 0; u < TILE; u++) {
-    int64_t uu = u0 + u < nvec ? u0 + u : nvec - 1;
-    int64_t row = j->qstart[s] + uu / group, head = kh * group + uu % group;
+    int64_t q_at;
+    limit[u] = tile_vector(j, &tp, u, &q_at, &out_at[u]); /* out_at -1: a repeat */
     if (j->io_bf16) {
-      memcpy(qa + u * hd, (const uint16_t*)j->q + row * j->q_ld + head * hd, (size_t)hd * 2);
+      memcpy(qa + u * hd, (const uint16_t*)j->q + q_at, (size_t)hd * 2);
     } else {
-      const float* qu = j->q + row * j->q_ld + head * hd;
+      const float* qu = j->q + q_at;
       for (int64_t d = 0; d < hd; d += 32) /* rounded to nearest even, as f32_to_bf16 */
         _mm512_storeu_si512(qa + u * hd + d,
                             (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qu + d + 16), _mm512_loadu_ps(qu + d)));
     }
-    /* an element offset into out (of float32 rows, or of bfloat16 ones with io_bf16); -1: a repeat */
-    out_at[u] = u0 + u < nvec ? row * j->out_ld + head * hd : -1;
-    limit[u] = ctx - qlen + uu / group + 1;
   }
   int64_t upto = limit[TILE - 1], upto16 = round_up(upto, 16), upto32 = round_up(upto, 32);
   const uint16_t* kt = (const uint16_t*)(j->kv_scratch + j->kv_off[s] + kh * 2 * hd * pad);

@@ -11,13 +11,6 @@
  */
 #define TGT_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma")))
 
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as PyTorch rounds */
-  uint32_t bits;
-  memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
-  return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 static inline uint16_t cache_bf16(const void* cache, int64_t idx, int kv_bf16) {
   return kv_bf16 ? ((const uint16_t*)cache)[idx] : f32_to_bf16(((const float*)cache)[idx]);
 }
@@ -71,26 +64,19 @@ TGT_BF16 static void tile_scores_bf16dot(const uint32_t* qt, const uint16_t* kt,
 
 TGT_BF16 static void tile_task_bf16dot(void* arg, int64_t task) {
   const prefill_job* j = (const prefill_job*)arg;
-  int64_t s = 0;
-  while (j->tile_off[s + 1] <= task) s++;
-  int64_t local = task - j->tile_off[s];
-  int64_t kh = local % j->kvh;
-  int64_t ntiles = (j->tile_off[s + 1] - j->tile_off[s]) / j->kvh;
-  int64_t t = ntiles - 1 - local / j->kvh;
-  int64_t qlen = j->qlen[s], ctx = j->ctx[s], pad = round_up(ctx, PAD), hd = j->hd, group = j->group;
-  int64_t nvec = qlen * group, u0 = t * TILE;
+  tile_place tp = place_tile(j, task);
+  int64_t s = tp.s, kh = tp.kh, pad = tp.pad, hd = j->hd;
   uint32_t qt[MAX_HD / 2 * TILE];
   float* out[TILE];
   float inv[TILE];
   int64_t limit[TILE];
   for (int u = 0; u < TILE; u++) {
-    int64_t uu = u0 + u < nvec ? u0 + u : nvec - 1;
-    int64_t row = j->qstart[s] + uu / group, head = kh * group + uu % group;
-    const float* qu = j->q + row * j->q_ld + head * hd;
+    int64_t q_at, out_at;
+    limit[u] = tile_vector(j, &tp, u, &q_at, &out_at);
+    const float* qu = j->q + q_at;
     for (int64_t i = 0; i < hd / 2; i++)
       qt[i * TILE + u] = (uint32_t)f32_to_bf16(qu[2 * i]) | (uint32_t)f32_to_bf16(qu[2 * i + 1]) << 16;
-    out[u] = u0 + u < nvec ? j->out + row * j->out_ld + head * hd : NULL;
-    limit[u] = ctx - qlen + uu / group + 1;
+    out[u] = out_at >= 0 ? j->out + out_at : NULL;
   }
   int64_t upto = limit[TILE - 1];
   const uint16_t* kt = (const uint16_t*)(j->kv_scratch + j->kv_off[s] + kh * 2 * hd * pad);

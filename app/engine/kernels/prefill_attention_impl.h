@@ -149,25 +149,17 @@ TGT static void NAME(tile_values)(const float* w, int64_t pad, const float* v, i
  * u % group of that kv head's group); a short last tile repeats its last vector and stores it once. */
 TGT static void NAME(tile_task)(void* arg, int64_t task) {
   const prefill_job* j = (const prefill_job*)arg;
-  int64_t s = 0;
-  while (j->tile_off[s + 1] <= task) s++;
-  int64_t local = task - j->tile_off[s];
-  int64_t kh = local % j->kvh;
-  int64_t ntiles = (j->tile_off[s + 1] - j->tile_off[s]) / j->kvh;
-  int64_t t = ntiles - 1 - local / j->kvh; /* the longest tiles first: better balance */
-  int64_t qlen = j->qlen[s], ctx = j->ctx[s], pad = round_up(ctx, PAD), hd = j->hd, group = j->group;
-  int64_t nvec = qlen * group, u0 = t * TILE;
+  tile_place tp = place_tile(j, task);
+  int64_t s = tp.s, kh = tp.kh, pad = tp.pad, hd = j->hd;
   float qt[MAX_HD * TILE];
   float* out[TILE];
   float inv[TILE];
   int64_t limit[TILE];
   for (int u = 0; u < TILE; u++) {
-    int64_t uu = u0 + u < nvec ? u0 + u : nvec - 1;
-    int64_t row = j->qstart[s] + uu / group, head = kh * group + uu % group;
-    const float* qu = j->q + row * j->q_ld + head * hd;
-    for (int64_t d = 0; d < hd; d++) qt[d * TILE + u] = qu[d];
-    out[u] = u0 + u < nvec ? j->out + row * j->out_ld + head * hd : NULL;
-    limit[u] = ctx - qlen + uu / group + 1; /* positions this query may see */
+    int64_t q_at, out_at;
+    limit[u] = tile_vector(j, &tp, u, &q_at, &out_at); /* positions this query may see */
+    for (int64_t d = 0; d < hd; d++) qt[d * TILE + u] = j->q[q_at + d];
+    out[u] = out_at >= 0 ? j->out + out_at : NULL;
   }
   int64_t upto = limit[TILE - 1]; /* the tile's last vector sees the most */
   int64_t upto_pad = round_up(upto, W);

@@ -3,6 +3,8 @@
 #define INF_ENGINE_VEC_MATH_H
 
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 /* The sum of the eight lanes. */
 static inline float hsum256(__m256 v) {
@@ -33,6 +35,42 @@ static inline __m256 exp256_nonpositive(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* e^x for x <= 0 sixteen lanes wide: exp256_nonpositive's arithmetic, lane for lane (the same bits). */
+__attribute__((target("avx512f,avx2,fma"))) static inline __m512 exp512_nonpositive(__m512 x) {
+  const __m512 lowest = _mm512_set1_ps(-87.0f);
+  __mmask16 underflow = _mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lowest);
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps((__mmask16)~underflow, p, _mm512_castsi512_ps(e));
+}
+
+/* A bfloat16 value (its 16 bits) widened to float32, exactly. */
+static inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/* float32 rounded to bfloat16 bits, to nearest even as PyTorch rounds; a NaN stays a (quiet) NaN. */
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+  return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 #endif
