@@ -9,8 +9,31 @@ from torch import nn
 
 from app.engine.attention import AttentionMetadata, AttentionWorkspace
 from app.engine.config import ModelConfig
+from app.engine.kernels.elementwise import argmax_rows
 from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
 from app.engine.models.layers import Linear, linear
+
+
+def refine_tied_maxima(logits: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor) -> None:
+    """Recompute in float32, in place, each row's largest logits where several are equal.
+
+    oneDNN's bfloat16 product gives its output in bfloat16, so every logit is rounded to 8 bits. Rounding keeps the
+    order of two values but can make them equal, and greedy decoding then took the first of the tie, not the
+    larger. For example, SmolLM2 in bfloat16 began "What is the capital of France?" with "L" over "The". The tied
+    entries get their float32 dot products (from the same bfloat16 inputs), so argmax picks the true largest;
+    every other logit keeps its value. Each row is refined alone, so batching does not change it."""
+    best = argmax_rows(logits)
+    if best is None:
+        best = logits.argmax(dim=-1)
+    top = logits.gather(1, best[:, None])
+    tied = (logits == top).sum(dim=1) > 1
+    if not bool(tied.any()):
+        return
+    rows = tied.nonzero().flatten()
+    sub = logits.index_select(0, rows)
+    where, cols = (sub == top.index_select(0, rows)).nonzero(as_tuple=True)
+    exact = (hidden.index_select(0, rows[where]).bfloat16().float() * head.index_select(0, cols).float()).sum(-1)
+    logits[rows[where], cols] = exact
 
 
 class PagedCausalLM(nn.Module):
@@ -86,7 +109,10 @@ class PagedCausalLM(nn.Module):
             return qblock_reference(hidden, self.lm_head_blocks) if logits is None else logits
         head = self.lm_head_weight()
         if out is None or head.dtype != hidden.dtype:
-            return linear(hidden, head)
+            logits = linear(hidden, head)
+            if head.dtype == torch.bfloat16 and hidden.dtype == torch.float32 and logits.device.type == "cpu":
+                refine_tied_maxima(logits, hidden, head)
+            return logits
         return torch.mm(hidden, head.t(), out=out)
 
     def linear_sources(self) -> dict[str, list[str]]:

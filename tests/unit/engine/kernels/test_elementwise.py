@@ -250,3 +250,23 @@ def test_rope_and_write_kv_take_bf16_rows_as_the_float32_path_rounds_them() -> N
         slots = torch.tensor([5, 0, 7])
         assert write_kv(a, key, value, slots) and write_kv(b, key.float(), value.float(), slots)
         assert torch.equal(a, b)
+
+
+def test_tied_bf16_logits_are_refined_in_float32_so_argmax_picks_the_larger() -> None:
+    from app.engine.models.base import refine_tied_maxima
+
+    hidden = torch.zeros(2, 32)
+    hidden[:, 0] = 1.0
+    head = torch.zeros(5, 32, dtype=torch.bfloat16)
+    # two rows of the head whose products with the hidden row round to the same bfloat16 value (8 bits)
+    head[1, 0], head[3, 0] = 10.0, 10.0
+    head[3, 1] = 0.01  # row 3 is truly larger, by less than a bfloat16 step of 10
+    hidden[:, 1] = 1.0
+    logits = (hidden.bfloat16() @ head.t()).float()  # as oneDNN gives it: rounded to bfloat16
+    assert logits[0, 1] == logits[0, 3] and logits.argmax(dim=-1).tolist() == [1, 1]
+    refine_tied_maxima(logits, hidden, head)
+    assert logits.argmax(dim=-1).tolist() == [3, 3]
+    assert logits[0, 3] == torch.tensor(10.0 + float(torch.tensor(0.01).bfloat16()))
+    untied = torch.tensor([[1.0, 3.0, 2.0]])
+    refine_tied_maxima(untied, torch.ones(1, 4), torch.ones(3, 4, dtype=torch.bfloat16))
+    assert untied.tolist() == [[1.0, 3.0, 2.0]]  # nothing tied: nothing changes
