@@ -12,7 +12,7 @@
 #include "threadpool.h"
 #include "vec_math.h"
 
-int elementwise_abi_version(void) { return 8; }
+int elementwise_abi_version(void) { return 9; }
 
 #define ROWS_PER_THREAD 8
 
@@ -337,8 +337,20 @@ void write_kv(const void* k, int64_t k_ld, const void* v, int64_t v_ld, const in
 typedef struct {
   const float* x;
   int64_t ld, rows, cols, chunks;
-  int64_t* out;
+  int64_t *out, *ties;
 } argmax_job;
+
+/* How many values of a row equal x[at] (at least 1; a NaN counts once). */
+static int64_t count_equal(const float* x, int64_t n, int64_t at) {
+  const float top = x[at];
+  if (top != top) return 1;
+  const __m256 v = _mm256_set1_ps(top);
+  int64_t count = 0, i = 0;
+  for (; i + 8 <= n; i += 8)
+    count += __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), v, _CMP_EQ_OQ)));
+  for (; i < n; i++) count += x[i] == top;
+  return count;
+}
 
 /* The first index of the largest value of a row, as torch.argmax: a NaN counts as the largest (the first one). */
 static int64_t argmax_row(const float* x, int64_t n) {
@@ -387,13 +399,17 @@ static void argmax_chunk(void* arg, int64_t c) {
   const argmax_job* j = (const argmax_job*)arg;
   int64_t r0, r1;
   row_range(j->rows, j->chunks, c, &r0, &r1);
-  for (int64_t r = r0; r < r1; r++) j->out[r] = argmax_row(j->x + r * j->ld, j->cols);
+  for (int64_t r = r0; r < r1; r++) {
+    j->out[r] = argmax_row(j->x + r * j->ld, j->cols);
+    if (j->ties) j->ties[r] = count_equal(j->x + r * j->ld, j->cols, j->out[r]);
+  }
 }
 
-/* out[r] = argmax of row r of x ([rows, cols], row stride ld), float32. */
-void argmax_rows(const float* x, int64_t ld, int64_t rows, int64_t cols, int64_t* out, int num_threads,
-                 int use_pool) {
+/* out[r] = argmax of row r of x ([rows, cols], row stride ld), float32; ties[r] (unless ties is NULL) = how many
+ * values of the row equal that largest one. */
+void argmax_rows(const float* x, int64_t ld, int64_t rows, int64_t cols, int64_t* out, int64_t* ties,
+                 int num_threads, int use_pool) {
   int64_t chunks = rows < num_threads ? rows : num_threads;
-  argmax_job job = {x, ld, rows, cols, chunks < 1 ? 1 : chunks, out};
+  argmax_job job = {x, ld, rows, cols, chunks < 1 ? 1 : chunks, out, ties};
   parallel_for(job.chunks, argmax_chunk, &job, num_threads, use_pool);
 }

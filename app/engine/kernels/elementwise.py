@@ -178,17 +178,35 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor | None:
     """``x.argmax(dim=-1)`` for float32 ``[rows, cols]`` on CPU (the first index of the largest value, a NaN
     counting as largest): PyTorch's reduction runs at under 1 GB/s here, and a step of 64 greedy rows over a
     49k vocabulary spends milliseconds in it. None when it does not apply."""
+    found = _argmax(x, with_ties=False)
+    return None if found is None else found[0]
+
+
+def argmax_ties(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`argmax_rows` and, per row, how many values equal its largest one (1: no tie)."""
+    return _argmax(x, with_ties=True)
+
+
+def _argmax(x: torch.Tensor, *, with_ties: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
     lib = library.get()
     if lib is None or not _rows_ok(x) or x.shape[1] == 0:
         return None
     rows = x.shape[0]
     out = torch.empty(rows, dtype=torch.long)
+    ties = torch.ones(rows, dtype=torch.long)
     if rows:
         threads = torch.get_num_threads() if rows * x.shape[1] >= 1 << 16 else 1
         lib.argmax_rows(
-            x.data_ptr(), x.stride(0), rows, x.shape[1], out.data_ptr(), threads, library.use_pool(rows)
+            x.data_ptr(),
+            x.stride(0),
+            rows,
+            x.shape[1],
+            out.data_ptr(),
+            ties.data_ptr() if with_ties else None,
+            threads,
+            library.use_pool(rows),
         )
-    return out
+    return out, ties
 
 
 def check_elementwise() -> bool:

@@ -27,7 +27,7 @@ _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 7,
     "prefill_attention_abi_version": 4,
-    "elementwise_abi_version": 8,
+    "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
 }
 
@@ -76,7 +76,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "qblock_scratch_bytes": [_i64, _i64],
     "amx_request": [],
     "elementwise_use_avx512": [_int],
-    "argmax_rows": [_ptr, _i64, _i64, _i64, _ptr, _int, _int],  # x, ld, rows, cols, out, ...
+    "argmax_rows": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _int, _int],  # x, ld, rows, cols, out, ties, ...
     "qblock_matmul": [
         *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
         *(_ptr, _ptr, _ptr, _int, _int, _int, _i64),  # codes, d, m, bits, offset, has_min, N

@@ -9,7 +9,7 @@ from torch import nn
 
 from app.engine.attention import AttentionMetadata, AttentionWorkspace
 from app.engine.config import ModelConfig
-from app.engine.kernels.elementwise import argmax_rows
+from app.engine.kernels.elementwise import argmax_ties
 from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
 from app.engine.models.layers import Linear, linear
 
@@ -22,11 +22,12 @@ def refine_tied_maxima(logits: torch.Tensor, hidden: torch.Tensor, head: torch.T
     larger. For example, SmolLM2 in bfloat16 began "What is the capital of France?" with "L" over "The". The tied
     entries get their float32 dot products (from the same bfloat16 inputs), so argmax picks the true largest;
     every other logit keeps its value. Each row is refined alone, so batching does not change it."""
-    best = argmax_rows(logits)
-    if best is None:
-        best = logits.argmax(dim=-1)
-    top = logits.gather(1, best[:, None])
-    tied = (logits == top).sum(dim=1) > 1
+    found = argmax_ties(logits)
+    if found is None:
+        top = logits.max(dim=-1, keepdim=True).values
+        tied = (logits == top).sum(dim=1) > 1
+    else:
+        top, tied = logits.gather(1, found[0][:, None]), found[1] > 1
     if not bool(tied.any()):
         return
     rows = tied.nonzero().flatten()
