@@ -117,6 +117,15 @@ def test_silu_mul_in_bfloat16_rounds_the_float32_result_once(rows: int) -> None:
 
 
 @needs_kernel
+def assert_fused_mlp_is_the_plain_route(x: torch.Tensor, gate_up: Linear, down: Linear) -> None:
+    """bf16_swiglu_mlp gives float32 rows, bit for bit those of the unfused products and SwiGLU."""
+    with torch.inference_mode():
+        fused = bf16_swiglu_mlp(x, gate_up, down)
+        plain = down(silu_mul(gate_up(x)))
+    assert fused is not None and fused.dtype == torch.float32
+    assert torch.equal(fused, plain)
+
+
 @pytest.mark.skipif(not bf16_products_supported(), reason="no bfloat16 products on this CPU")
 def test_bf16_mlp_keeps_its_middle_in_bfloat16_with_the_same_numbers() -> None:
     gen = torch.Generator().manual_seed(11)
@@ -124,11 +133,7 @@ def test_bf16_mlp_keeps_its_middle_in_bfloat16_with_the_same_numbers() -> None:
     gate_up.weight = torch.nn.Parameter(torch.randn(256, 64, generator=gen).bfloat16(), requires_grad=False)
     down.weight = torch.nn.Parameter(torch.randn(64, 128, generator=gen).bfloat16(), requires_grad=False)
     x = torch.randn(37, 64, generator=gen)
-    with torch.inference_mode():
-        fused = bf16_swiglu_mlp(x, gate_up, down)
-        plain = down(silu_mul(gate_up(x)))
-    assert fused is not None and fused.dtype == torch.float32
-    assert torch.equal(fused, plain)
+    assert_fused_mlp_is_the_plain_route(x, gate_up, down)
     assert bf16_swiglu_mlp(x.double(), gate_up, down) is None
 
 
@@ -142,12 +147,7 @@ def test_4bit_mlp_keeps_its_middle_in_bfloat16_with_the_same_numbers() -> None:
         codes = torch.randint(0, 16, (out_f, in_f), generator=gen)
         scale = torch.rand(out_f, in_f // 32, generator=gen) / 8
         install_q4(lin, codes, scale, torch.randn(out_f, in_f // 32, generator=gen) / 8)
-    x = torch.randn(37, 64, generator=gen)
-    with torch.inference_mode():
-        fused = bf16_swiglu_mlp(x, gate_up, down)
-        plain = down(silu_mul(gate_up(x)))
-    assert fused is not None and fused.dtype == torch.float32
-    assert torch.equal(fused, plain)
+    assert_fused_mlp_is_the_plain_route(torch.randn(37, 64, generator=gen), gate_up, down)
 
 
 @needs_kernel
@@ -186,7 +186,8 @@ def test_argmax_rows_is_torch_argmax_ties_nans_and_infinities_included() -> None
     got = argmax_rows(x)
     assert got is not None and torch.equal(got, x.argmax(dim=-1))
     strided = torch.randn(4, 300, generator=gen)[:, 7:260]
-    assert torch.equal(argmax_rows(strided), strided.argmax(dim=-1))
+    got = argmax_rows(strided)
+    assert got is not None and torch.equal(got, strided.argmax(dim=-1))
     assert argmax_rows(torch.randn(3, 5).double()) is None  # float32 only
 
 

@@ -38,8 +38,8 @@ def weights(kind: str, rows: int, cols: int, seed: int = 0) -> QBlockWeight:
     qtype = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q8_0": Q8_0}[kind]
     raw = quantize(values, gguf.GGMLQuantizationType(qtype))
     if kind == "Q8_0":
-        q, scale = q8_0_groups(raw, (rows, cols))
-        blocks = pack_q8_0(torch.from_numpy(q), torch.from_numpy(scale))
+        q8, d8 = q8_0_groups(raw, (rows, cols))
+        blocks = pack_q8_0(torch.from_numpy(q8), torch.from_numpy(d8))
     else:
         codes, scale, zero = (torch.from_numpy(a) for a in q4_groups(raw, qtype, (rows, cols)))
         blocks = pack_q4(codes, scale, None if kind == "Q4_0" else zero - 8 * scale)
@@ -68,7 +68,8 @@ def test_both_instruction_sets_give_the_same_bits(kind: str) -> None:
         pytest.skip("no AVX512-VNNI here: only the AVX2 build runs")
     w = weights(kind, 96, 256, seed=1)
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(3)) * 5
-    assert torch.equal(qblock_linear(x, w, isa="avx2"), qblock_linear(x, w, isa="vnni"))
+    narrow, wide = qblock_linear(x, w, isa="avx2"), qblock_linear(x, w, isa="vnni")
+    assert narrow is not None and wide is not None and torch.equal(narrow, wide)
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
@@ -77,9 +78,9 @@ def test_a_row_gets_the_same_numbers_in_any_batch(kind: str, two_threads: None) 
     x = torch.randn(67, 128, generator=torch.Generator().manual_seed(4))
     batch = qblock_linear(x, w)
     assert batch is not None
-    for i in (0, 5, 66):
-        assert torch.equal(qblock_linear(x[i : i + 1], w), batch[i : i + 1])
-    assert torch.equal(qblock_linear(x[3:9], w), batch[3:9])
+    for rows in (slice(0, 1), slice(5, 6), slice(66, 67), slice(3, 9)):
+        alone = qblock_linear(x[rows], w)
+        assert alone is not None and torch.equal(alone, batch[rows])
 
 
 def test_q8_0_takes_an_odd_number_of_blocks_and_strided_rows() -> None:
@@ -106,14 +107,23 @@ def test_shapes_it_cannot_pack_are_clear_errors() -> None:
         pack_q8_0(torch.zeros(4, 40, dtype=torch.int8), torch.ones(4, 1))
 
 
-def test_without_the_kernels_the_reference_runs() -> None:
+def test_without_the_kernels_a_linear_runs_the_reference() -> None:
+    from app.engine.models.layers import Linear
+    from app.engine.models.quantization import install_qblocks
+
     w = weights("Q4_1", 64, 128)
+    lin = Linear(128, 64, bias=False)
+    lin.weight = torch.nn.Parameter(torch.empty(64, 128), requires_grad=False)
+    install_qblocks(lin, w)
     x = torch.randn(2, 128)
+    by_kernel = lin(x)
     kernels.enable(False)
     try:
         assert qblock_linear(x, w) is None
+        by_torch = lin(x)  # the same arithmetic in PyTorch
     finally:
         kernels.enable(True)
+    torch.testing.assert_close(by_torch, by_kernel, rtol=1e-5, atol=1e-4)
     assert qblock_isa() in ("avx2", "vnni")
 
 

@@ -85,7 +85,7 @@ def test_every_projection_runs_packed_4_bit_close_to_the_float_load(
     model, _, _ = load_model(q4_file, cache_dir=tmp_path)
     assert apply_quantization(model, "gguf", q4_file) == 4 * config.num_layers
     layers = [m for m in model.modules() if isinstance(m, Linear)]
-    qkv = model.layers[0].self_attn.qkv_proj  # type: ignore[index]
+    qkv = model.layers[0].self_attn.qkv_proj  # type: ignore[index,union-attr]
     if product_path == "qblock":
         assert all(m.weight.dtype == torch.uint8 and m.qweight is not None for m in layers)
         assert qkv.qweight.codes.shape == (qkv.qweight.out_features, 64 // 2)  # two codes per byte
