@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, cast
 
@@ -80,6 +81,22 @@ _ONEDNN_LINEAR = _find_onednn_linear()
 _onednn_enabled = True
 
 
+@functools.cache
+def onednn_bf16_available() -> bool:
+    """oneDNN's bfloat16 product on a packed weight runs here: it needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT,
+    so an AVX2-only CPU answers no (then a bfloat16 weight goes through ``F.linear``)."""
+    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if _ONEDNN_LINEAR is None or reorder is None:
+        return False
+    try:
+        x, w = torch.ones(3, 8, dtype=torch.bfloat16), torch.ones(5, 8, dtype=torch.bfloat16)
+        with torch.inference_mode(False), torch.no_grad():
+            out = _ONEDNN_LINEAR(x, reorder(w, 3), None, "none", [], "")
+    except RuntimeError:
+        return False
+    return bool(torch.equal(out.float(), torch.full((3, 5), 8.0)))
+
+
 def onednn_available() -> bool:
     """oneDNN's linear runs in this build of torch on this CPU."""
     return _ONEDNN_LINEAR is not None
@@ -150,6 +167,7 @@ def bf16_linear(
     op = _ONEDNN_LINEAR
     if (
         op is None
+        or not onednn_bf16_available()
         or x.dim() != 2
         or x.dtype not in (torch.float32, torch.bfloat16)
         or weight.dtype != torch.bfloat16

@@ -63,3 +63,29 @@ def test_switching_it_off_gives_torch_numbers() -> None:
         assert torch.equal(linear(x, w), F.linear(x, w))
     finally:
         matmul.enable_onednn(True)
+
+
+def test_bfloat16_weights_fall_back_to_torch_where_onednn_has_no_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AVX2-only CPU cannot pack bfloat16 weights for oneDNN: ``bf16_linear`` answers None and ``linear``
+    gives ``F.linear``'s numbers (on such a CPU the probe itself answers no; elsewhere it is forced here)."""
+    monkeypatch.setattr(matmul, "onednn_bf16_available", lambda: False)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 64, generator=gen)
+    w = torch.randn(48, 64, generator=gen).to(torch.bfloat16)
+    b = torch.randn(48, generator=gen)
+    assert matmul.bf16_linear(x, w) is None
+    assert matmul.bf16_linear(x.to(torch.bfloat16), w, keep_bf16=True) is None
+    expected = F.linear(x.to(torch.bfloat16), w).float() + b
+    torch.testing.assert_close(linear(x, w, b), expected)
+
+
+def test_the_bf16_probe_agrees_with_the_cpu_flags() -> None:
+    from app.engine.kernels.cpu_features import cpu_flags
+
+    flags = cpu_flags()
+    if not matmul.onednn_available():
+        assert not matmul.onednn_bf16_available()
+    elif {"avx512bw", "avx512vl", "avx512dq"} <= flags:
+        assert matmul.onednn_bf16_available()
+    elif "avx_ne_convert" not in flags and flags:
+        assert not matmul.onednn_bf16_available()
