@@ -22,6 +22,7 @@ SOURCES = (
     "prefill_attention.c",
     "elementwise.c",
     "qblock_matmul.c",
+    "decode_layer.c",
 )
 _ABI = {
     "small_matmul_abi_version": 2,
@@ -29,6 +30,7 @@ _ABI = {
     "prefill_attention_abi_version": 4,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
+    "decode_layer_abi_version": 1,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -77,6 +79,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "amx_request": [],
     "elementwise_use_avx512": [_int],
     "argmax_rows": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _int, _int],  # x, ld, rows, cols, out, ties, ...
+    "decode_layer": [_ptr, _ptr, _ptr, _ptr, _int, _ptr],  # layer, step, x, residual, has_residual, out
     "qblock_matmul": [
         *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
         *(_ptr, _ptr, _ptr, _int, _int, _int, _i64),  # codes, d, m, bits, offset, has_min, N
@@ -86,6 +89,7 @@ _SIGNATURES: dict[str, list[type]] = {
 _RESTYPES: dict[str, type] = {
     "paged_prefill_attention": _int,
     "qblock_matmul": _int,
+    "decode_layer": _int,
     "amx_request": _int,
     "qblock_scratch_bytes": _i64,
 }  # the others return nothing

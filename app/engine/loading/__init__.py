@@ -145,6 +145,7 @@ def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | Non
     """Quantize a loaded model in place (``EngineConfig.quantization``); returns how many Linears changed.
     ``"gguf"`` reads the 4-bit blocks of the GGUF file ``path`` (None: the default model) that the model was
     loaded from; other methods quantize the loaded weights."""
+    model.weights_changed()
     if method != "gguf":
         return quantize_model(model, method)
     source = default_model_path() if path is None else Path(path).expanduser()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,6 +55,13 @@ class PagedCausalLM(nn.Module):
         # quantization="gguf": the LM head in the file's own blocks (qblock kernel), beside the float copy the
         # embedding lookup reads
         self.lm_head_blocks: QBlockWeight | None = None
+        # what a model builds from its weights and caches for fast decode steps (llama: the C decode layers);
+        # None until first used, and again whenever the weights or the caches change
+        self.decode_plan: Any = None
+
+    def weights_changed(self) -> None:
+        """Forget what was built from the weights (call after changing them in place, as quantization does)."""
+        self.decode_plan = None
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
         """Attach per-layer caches ``[2, num_blocks, block_size, kv_heads, head_dim]`` (see allocate_kv_cache)."""
@@ -67,6 +75,7 @@ class PagedCausalLM(nn.Module):
                     f"[2, num_blocks, block_size, {cfg.num_kv_heads}, {cfg.head_dim}]"
                 )
         self.kv_caches = list(kv_caches)
+        self.decode_plan = None
 
     def _check_inputs(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
@@ -148,6 +157,7 @@ class PagedCausalLM(nn.Module):
         device. The matrix-product weights take ``param_dtype``, the rest (norms, biases, position embeddings)
         ``compute_dtype``: they differ only for bfloat16 on CPU (see :func:`compute_dtype_for`).
         """
+        self.weights_changed()
         params = dict(self.named_parameters())
         missing = sorted(set(params) - set(ours))
         unexpected = sorted(set(ours) - set(params))

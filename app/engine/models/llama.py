@@ -7,12 +7,15 @@ loader concatenates the separate HF tensors.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import torch
 from torch import nn
 
 from app.engine.attention import AttentionMetadata, paged_attention
 from app.engine.config import ModelConfig
+from app.engine.kernels.decode_layer import DecodeLayer, DecodeStepBuffers, LayerWeights, decode_layer_enabled
+from app.engine.kernels.matmul import MAX_ROWS, ONEDNN_MIN_ROWS
 from app.engine.models.base import PagedCausalLM, take
 from app.engine.models.layers import (
     Embedding,
@@ -28,6 +31,15 @@ from app.engine.models.layers import (
 
 # Checkpoint entries that are buffers, not weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _layer_weights(lin: Linear) -> LayerWeights | None:
+    """A Linear's weights as the C decode layer takes them: GGUF blocks or float32 (no int8/int4/bfloat16)."""
+    if lin.qweight is not None:
+        return LayerWeights(lin.weight, lin.qweight, lin.bias)
+    if lin.scales is not None or lin.weight.dtype != torch.float32:
+        return None
+    return LayerWeights(lin.weight, None, lin.bias)
 
 
 class LlamaAttention(nn.Module):
@@ -138,10 +150,72 @@ class LlamaForCausalLM(PagedCausalLM):
         self._check_inputs(input_ids, positions, attn)
         x = self.embed_tokens(input_ids).to(self.compute_dtype)  # bfloat16 on CPU: see compute_dtype_for
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # shared by all layers
+        in_c = self._decode_in_c(x, cos, sin, attn)
+        if in_c is not None:
+            return self.norm.add_forward(*in_c)[0]
         residual: torch.Tensor | None = None
         for layer, cache in zip(self.layers, self.kv_caches, strict=True):
             x, residual = layer.forward(x, residual, cos, sin, cache, attn)
         return self.norm.add_forward(x, residual)[0]
+
+    def _decode_in_c(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A decode-only step of a few tokens with float32 or GGUF-block weights on CPU: each layer is one C
+        call running the layer's kernels (kernels/decode_layer.py), the same numbers without ~10 Python
+        wrappers per layer. Returns the last layer's output and the residual; None where it does not apply."""
+        dec = attn.decode_index
+        if dec is None or attn.prefills or attn.static_decode is not None or attn.bf16_products:
+            return None
+        if x.dtype != torch.float32 or x.device.type != "cpu" or not decode_layer_enabled():
+            return None
+        if self.decode_plan is None:
+            self.decode_plan = self._build_decode_layers()
+        layers, all_blocks = self.decode_plan
+        rows = x.shape[0]
+        # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, blocks at any count
+        if not layers or not (rows < ONEDNN_MIN_ROWS or (all_blocks and rows <= MAX_ROWS)):
+            return None
+        if attn.slot_mapping.dtype != torch.int64 or dec.block_tables.dtype != torch.int64:
+            return None
+        step = DecodeStepBuffers(
+            layers[0],
+            cos=cos,
+            sin=sin,
+            slots=attn.slot_mapping,
+            tables=dec.block_tables,
+            context_lens=dec.context_lens,
+            rows=dec.rows,
+            max_context=dec.max_context_len,
+        )
+        return step.run(layers, x.contiguous())
+
+    def _build_decode_layers(self) -> tuple[list[DecodeLayer], bool]:
+        """Each layer's C struct, or an empty list when one of them cannot run in C."""
+        if self.param_device.type != "cpu" or len(self.kv_caches) != len(self.layers):
+            return [], False
+        built: list[DecodeLayer] = []
+        for module, cache in zip(self.layers, self.kv_caches, strict=True):
+            layer = cast(LlamaDecoderLayer, module)
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            weights = [_layer_weights(lin) for lin in linears]
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if any(w is None for w in weights) or norms[0].eps != norms[1].eps:
+                return [], False
+            one = DecodeLayer.build(
+                norms=(norms[0].weight, norms[1].weight),
+                eps=norms[0].eps,
+                projections=(weights[0], weights[1], weights[2], weights[3]),  # type: ignore[arg-type]
+                kv_cache=cache,
+                heads=attn.num_heads,
+                head_dim=attn.head_dim,
+                scale=attn.scale,
+            )
+            if one is None:
+                return [], False
+            built.append(one)
+        return built, all(one.all_qblock for one in built)
 
     def linear_sources(self) -> dict[str, list[str]]:
         sources: dict[str, list[str]] = {}

@@ -59,6 +59,9 @@ def quantize_model(model: nn.Module, method: str) -> int:
                 )
             _quantize_int8(module)
             count += 1
+    changed = getattr(model, "weights_changed", None)
+    if count and changed is not None:
+        changed()  # what the model built from its float weights (its C decode layers) is stale
     return count
 
 

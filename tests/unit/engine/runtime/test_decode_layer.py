@@ -1,0 +1,139 @@
+"""Few-token decode steps run layer by layer in C (app.engine.kernels.decode_layer): the same log-probabilities,
+to the bit, as the Python layers, for float32 weights and GGUF blocks, and only where the Python layer would run
+the same kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import app.engine.kernels as kernels
+from app.engine import LLMEngine, SamplingParams
+from app.engine.kernels import decode_layer
+from tests.unit.engine.runtime.conftest import random_prompts
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+
+
+@pytest.fixture
+def c_layer_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The row count of every step that ran in C; the switch is restored afterwards."""
+    steps: list[int] = []
+    run = decode_layer.DecodeStepBuffers.run
+
+    def counted(self: decode_layer.DecodeStepBuffers, layers: Any, x: Any) -> Any:
+        steps.append(x.shape[0])
+        return run(self, layers, x)
+
+    monkeypatch.setattr(decode_layer.DecodeStepBuffers, "run", counted)
+    yield steps
+    decode_layer.use_decode_layer(True)
+
+
+def outputs(engine: LLMEngine, prompts: list[list[int]], in_c: bool) -> list[tuple[list[int], Any]]:
+    decode_layer.use_decode_layer(in_c)
+    done = engine.generate(prompts, PARAMS)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in done]
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_float32_steps_match_the_python_layers_bit_for_bit(
+    make_engine: Callable[..., LLMEngine], c_layer_steps: list[int], count: int
+) -> None:
+    engine = make_engine(enable_prefix_caching=False)
+    prompts = random_prompts(count, 3, 20, seed=count)
+    c_layer_steps.clear()  # an engine's warm-up step may have run in C
+    python = outputs(engine, prompts, in_c=False)
+    assert c_layer_steps == []
+    in_c = outputs(engine, prompts, in_c=True)
+    assert in_c == python
+    assert c_layer_steps and set(c_layer_steps) <= {1, 2}
+
+
+def test_float32_steps_of_three_rows_stay_in_python(
+    make_engine: Callable[..., LLMEngine], c_layer_steps: list[int]
+) -> None:
+    """From 3 rows on the Python layer runs oneDNN's products, which the C layer does not: not taken there."""
+    engine = make_engine()
+    outputs(engine, random_prompts(3, 3, 8, seed=5), in_c=True)
+    assert 3 not in c_layer_steps
+
+
+def test_int8_weights_and_switched_off_kernels_stay_in_python(
+    make_engine: Callable[..., LLMEngine], c_layer_steps: list[int]
+) -> None:
+    prompts = random_prompts(1, 3, 8, seed=6)
+    int8 = make_engine("llama_mqa_tied_linear", quantization="int8")
+    outputs(int8, prompts, in_c=True)
+    assert c_layer_steps == []
+    engine = make_engine()
+    c_layer_steps.clear()
+    kernels.enable(False)
+    try:
+        outputs(engine, prompts, in_c=True)
+    finally:
+        kernels.enable(True)
+    assert c_layer_steps == []
+
+
+def test_engines_sharing_a_model_rebuild_the_layers_for_their_own_cache(
+    make_engine: Callable[..., LLMEngine], c_layer_steps: list[int]
+) -> None:
+    """Two engines over one model, used in turns: each binds its own KV cache, and the structs follow it."""
+    first, second = make_engine(), make_engine()
+    prompts = random_prompts(2, 3, 10, seed=7)
+    alone = outputs(make_engine(), prompts, in_c=False)
+    for engine in (first, second, first):
+        assert outputs(engine, prompts, in_c=True) == alone
+    assert c_layer_steps
+
+
+gguf = pytest.importorskip("gguf")
+from tests.unit.engine.runtime.test_gguf_q4 import write_q4  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def q4_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
+    root = tmp_path_factory.mktemp("decode_layer_q4")
+    path = write_q4(root, gguf.GGMLQuantizationType.Q4_1)
+    return LLMEngine(
+        path, quantization="gguf", model_cache_dir=root, seed=0, kv_cache_memory_bytes=1 << 22,
+        enable_prefix_caching=False,
+    )
+
+
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_gguf_block_steps_match_the_python_layers_bit_for_bit(
+    q4_engine: LLMEngine, c_layer_steps: list[int], count: int
+) -> None:
+    """Blocks run the same kernel at any row count, so batches of a few sequences run in C too."""
+    if not kernels.available():
+        pytest.skip("needs the C kernels")
+    prompts = random_prompts(count, 3, 20, seed=10 + count)
+    c_layer_steps.clear()
+    python = outputs(q4_engine, prompts, in_c=False)
+    assert c_layer_steps == []
+    in_c = outputs(q4_engine, prompts, in_c=True)
+    assert in_c == python
+    assert count in c_layer_steps
+
+
+def test_a_struct_is_refused_where_a_kernel_would_not_run(tmp_path: Path) -> None:
+    """What the Python wrappers check per call, checked once: here a head size the kernels lack."""
+    import torch
+
+    hidden, heads, head_dim = 64, 4, 24  # RoPE needs head_dim % 16 == 0
+    lin = decode_layer.LayerWeights(torch.zeros(8, 8), None, None)
+    layer = decode_layer.DecodeLayer.build(
+        norms=(torch.ones(hidden), torch.ones(hidden)),
+        eps=1e-5,
+        projections=(lin, lin, lin, lin),
+        kv_cache=torch.zeros(2, 4, 8, 2, head_dim),
+        heads=heads,
+        head_dim=head_dim,
+        scale=0.2,
+    )
+    assert layer is None
