@@ -8,7 +8,7 @@
  */
 #include <stdint.h>
 
-int decode_layer_abi_version(void) { return 1; }
+int decode_layer_abi_version(void) { return 2; }
 
 void add_rms_norm(const void* x, int64_t x_ld, float* residual, int64_t res_ld, int flags, const float* weight,
                   float eps, void* out, int64_t out_ld, int64_t rows, int64_t dim, int num_threads, int use_pool);
@@ -63,7 +63,8 @@ typedef struct {
   float *h, *qkv, *attn, *gate_up, *mid;
   float* scratch;
   int64_t tokens, bt_stride, seqs, max_context, attn_per_thread;
-  int32_t threads, use_pool, isa, pad;
+  int32_t threads, use_pool, isa;
+  int32_t attn_mode; /* paged_decode_attention's bf16_values: 0 float32 values, 2 bfloat16 products */
 } dl_step;
 
 static int project(const dl_linear* p, const dl_step* s, const float* x, float* y) {
@@ -88,7 +89,7 @@ int decode_layer(const dl_layer* L, const dl_step* s, const float* x, float* res
   rope_inplace(s->qkv, qkv_ld, s->cos, s->sin, hd / 2, t, L->heads + L->kv_heads, hd, 0, s->threads, s->use_pool);
   write_kv(s->qkv + q_size, qkv_ld, s->qkv + q_size + kv_size, qkv_ld, s->slots, t, kv_size, L->k_cache,
            L->v_cache, L->kv_bf16, 0, s->threads, s->use_pool);
-  paged_decode_attention(s->qkv, qkv_ld, L->k_cache, L->v_cache, L->kv_bf16, 0, 0, s->tables, s->bt_stride,
+  paged_decode_attention(s->qkv, qkv_ld, L->k_cache, L->v_cache, L->kv_bf16, s->attn_mode, 0, s->tables, s->bt_stride,
                          s->context_lens, s->rows, s->seqs, L->heads, L->kv_heads, hd, L->block_size, L->scale,
                          s->attn, q_size, s->scratch, s->attn_per_thread, s->max_context, s->threads, s->use_pool);
   if (project(&L->o, s, s->attn, out)) return 1;

@@ -15,9 +15,17 @@ from dataclasses import dataclass
 import torch
 
 import app.engine.kernels.library as library
+from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.kernels.qblock import QK, QBlockWeight, _scratch_floats, qblock_isa
 
-__all__ = ["DecodeLayer", "DecodeStepBuffers", "LayerWeights", "decode_layer_enabled", "use_decode_layer"]
+__all__ = [
+    "DecodeLayer",
+    "DecodeStepBuffers",
+    "LayerWeights",
+    "bf16_values_supported",
+    "decode_layer_enabled",
+    "use_decode_layer",
+]
 
 _MAX_QBLOCKS = 1024  # qblock_matmul.c's MAX_BLOCKS
 _p, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
@@ -46,7 +54,7 @@ class _Step(ctypes.Structure):
         *(("cos", _p), ("sin", _p), ("slots", _p), ("tables", _p), ("context_lens", _p), ("rows", _p)),
         *(("h", _p), ("qkv", _p), ("attn", _p), ("gate_up", _p), ("mid", _p), ("scratch", _p)),
         *(("tokens", _i64), ("bt_stride", _i64), ("seqs", _i64), ("max_context", _i64)),
-        *(("attn_per_thread", _i64), ("threads", _i32), ("use_pool", _i32), ("isa", _i32), ("pad", _i32)),
+        *(("attn_per_thread", _i64), ("threads", _i32), ("use_pool", _i32), ("isa", _i32), ("attn_mode", _i32)),
     ]
 
 
@@ -95,6 +103,13 @@ def _linear_struct(lin: LayerWeights, in_features: int, out_features: int) -> _L
     if not w.t().is_contiguous():  # small_matmul reads W^T rows
         return None
     return _Linear(w.data_ptr(), None, None, bias_ptr, in_features, out_features, 0, 0, 0, 0)
+
+
+def bf16_values_supported(layer: DecodeLayer) -> bool:
+    """A bfloat16 model's attention runs in C as the Python layer runs it: bfloat16 products on a bfloat16
+    cache (AVX512-BF16). Elsewhere the Python layer rounds the query in a copy first (mode 1): not done here."""
+    s = layer.struct
+    return bool(s.kv_bf16) and s.head_dim % 32 == 0 and bf16_attention_supported()
 
 
 class DecodeLayer:
@@ -180,7 +195,10 @@ class DecodeStepBuffers:
         context_lens: torch.Tensor,
         rows: torch.Tensor | None,
         max_context: int,
+        bf16_values: bool = False,
     ) -> None:
+        """``bf16_values``: a bfloat16 model's attention, bfloat16 products on its bfloat16 cache (the decode
+        kernel's mode 2; check :func:`bf16_values_supported` first)."""
         s = first.struct
         t = cos.shape[0]
         threads = torch.get_num_threads()
@@ -208,7 +226,7 @@ class DecodeStepBuffers:
             threads,
             library.use_pool(t),
             int(qblock_isa() == "vnni"),
-            0,
+            2 if bf16_values else 0,
         )
 
     def run(self, layers: list[DecodeLayer], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

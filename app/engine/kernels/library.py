@@ -30,7 +30,7 @@ _ABI = {
     "prefill_attention_abi_version": 4,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
-    "decode_layer_abi_version": 1,
+    "decode_layer_abi_version": 2,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int

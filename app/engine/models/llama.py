@@ -14,7 +14,13 @@ from torch import nn
 
 from app.engine.attention import AttentionMetadata, paged_attention
 from app.engine.config import ModelConfig
-from app.engine.kernels.decode_layer import DecodeLayer, DecodeStepBuffers, LayerWeights, decode_layer_enabled
+from app.engine.kernels.decode_layer import (
+    DecodeLayer,
+    DecodeStepBuffers,
+    LayerWeights,
+    bf16_values_supported,
+    decode_layer_enabled,
+)
 from app.engine.kernels.matmul import MAX_ROWS, ONEDNN_MIN_ROWS
 from app.engine.models.base import PagedCausalLM, take
 from app.engine.models.layers import (
@@ -165,7 +171,7 @@ class LlamaForCausalLM(PagedCausalLM):
         call running the layer's kernels (kernels/decode_layer.py), the same numbers without ~10 Python
         wrappers per layer. Returns the last layer's output and the residual; None where it does not apply."""
         dec = attn.decode_index
-        if dec is None or attn.prefills or attn.static_decode is not None or attn.bf16_products:
+        if dec is None or attn.prefills or attn.static_decode is not None:
             return None
         if x.dtype != torch.float32 or x.device.type != "cpu" or not decode_layer_enabled():
             return None
@@ -175,6 +181,8 @@ class LlamaForCausalLM(PagedCausalLM):
         rows = x.shape[0]
         # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, blocks at any count
         if not layers or not (rows < ONEDNN_MIN_ROWS or (all_blocks and rows <= MAX_ROWS)):
+            return None
+        if attn.bf16_products and not bf16_values_supported(layers[0]):
             return None
         if attn.slot_mapping.dtype != torch.int64 or dec.block_tables.dtype != torch.int64:
             return None
@@ -187,6 +195,7 @@ class LlamaForCausalLM(PagedCausalLM):
             context_lens=dec.context_lens,
             rows=dec.rows,
             max_context=dec.max_context_len,
+            bf16_values=attn.bf16_products,
         )
         return step.run(layers, x.contiguous())
 
