@@ -555,14 +555,20 @@ def test_save_writes_loadable_json(tmp_path: Path) -> None:
 
 
 def test_hooks_are_cheap_for_20000_tasks() -> None:
+    """Linear and bounded, not a speed figure: the second 10k pairs cost about what the first did (state that
+    grew per task would make them slower), and the whole stays far below what a step of a real pipeline costs
+    (a wall-clock bound this loose holds on a slow or busy CI machine too)."""
     prof = TraceProfiler()  # real clock, counters and args on: the expensive configuration
     prof.start()
-    begin = time.perf_counter()
-    for i in range(20_000):
-        task_id = f"t{i}"
-        prof.task_started(task_id, "node", "local", args={"i": i})
-        prof.task_finished(task_id)
-    elapsed = time.perf_counter() - begin
+    halves: list[float] = []
+    for half in range(2):
+        begin = time.perf_counter()
+        for i in range(half * 10_000, (half + 1) * 10_000):
+            task_id = f"t{i}"
+            prof.task_started(task_id, "node", "local", args={"i": i})
+            prof.task_finished(task_id)
+        halves.append(time.perf_counter() - begin)
     prof.stop()
-    assert elapsed < 1.0, f"20k start/finish pairs took {elapsed:.3f}s"
+    assert sum(halves) < 5.0, f"20k start/finish pairs took {sum(halves):.3f}s"
+    assert halves[1] < 3 * halves[0] + 0.05, f"the second 10k pairs took {halves[1]:.3f}s, the first {halves[0]:.3f}s"
     assert prof.get_statistics().completed == 20_000
