@@ -19,6 +19,7 @@ from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
 from app.engine.cuda_graphs import DecodeGraphRunner
 from app.engine.kernels.attention import bf16_attention_supported
+from app.engine.kernels.matmul import bf16_matmul_supported
 from app.engine.models.base import PagedCausalLM
 from app.engine.models.layers import Linear
 
@@ -207,9 +208,14 @@ class ModelRunner:
 
 
 def _products_use_openmp(model: PagedCausalLM) -> bool:
-    """Whether a few-token step's products run on OpenMP (oneDNN, torch's int8/int4 kernels): bfloat16 or
-    torch-quantized weights. Float32 ones (small_matmul) and GGUF blocks (qblock) run on the kernels' pool."""
+    """Whether a few-token step's products run on OpenMP (oneDNN, torch's int8/int4 kernels): bfloat16 weights
+    without AVX512-BF16, or torch-quantized ones. Float32 ones (small_matmul), bfloat16 ones with AVX512-BF16
+    (bf16_matmul) and GGUF blocks (qblock) run on the kernels' pool."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     if model.lm_head_blocks is not None and all(m.qweight is not None for m in linears):
         return False
+    if bf16_matmul_supported() and all(
+        m.weight.dtype == torch.bfloat16 and m.scales is None and m.qweight is None for m in linears
+    ):
+        return False  # bfloat16 weights: a few-token step's products run in bf16_matmul.c, on the pool
     return model.lm_head_weight().dtype != torch.float32 or any(m.scales is not None for m in linears)

@@ -8,7 +8,7 @@
  */
 #include <stdint.h>
 
-int decode_layer_abi_version(void) { return 2; }
+int decode_layer_abi_version(void) { return 3; }
 
 void add_rms_norm(const void* x, int64_t x_ld, float* residual, int64_t res_ld, int flags, const float* weight,
                   float eps, void* out, int64_t out_ld, int64_t rows, int64_t dim, int num_threads, int use_pool);
@@ -29,16 +29,21 @@ int qblock_matmul(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8
                   int64_t ldo, void* scratch, int isa, int threads, int use_pool);
 void small_matmul(const float* x, int64_t ldx, const float* w, const float* bias, float* y, int64_t ldy,
                   int64_t M, int64_t K, int64_t N, float* scratch, int num_threads, int use_pool);
+void bf16_matmul(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, void* y, int64_t ldy, int64_t M,
+                 int64_t K, int64_t N, int out_f32, int num_threads, int use_pool);
 
-/* A projection: a float32 weight stored transposed ([in, out] contiguous, small_matmul's layout) or a GGUF
- * block matrix (qblock_matmul's). Field order matches decode_layer.py's ctypes structures. */
+enum { LINEAR_F32 = 0, LINEAR_QBLOCK = 1, LINEAR_BF16 = 2 };
+
+/* A projection: a float32 weight stored transposed ([in, out] contiguous, small_matmul's layout), a GGUF
+ * block matrix (qblock_matmul's) or a bfloat16 weight [out, in] (bf16_matmul's, no bias). Field order matches
+ * decode_layer.py's ctypes structures. */
 typedef struct {
-  const void* w; /* float32 W^T, or the block codes */
+  const void* w; /* float32 W^T, the block codes, or bfloat16 W */
   const uint16_t* d;
   const uint16_t* m;
   const float* bias;
   int64_t in, out;
-  int32_t qblock, bits, offset, has_min;
+  int32_t kind, bits, offset, has_min; /* kind: LINEAR_* */
 } dl_linear;
 
 typedef struct {
@@ -49,7 +54,8 @@ typedef struct {
   dl_linear qkv, o, gate_up, down;
   int64_t hidden, inter, heads, kv_heads, head_dim, block_size;
   float eps, scale;
-  int32_t kv_bf16, pad;
+  int32_t kv_bf16;
+  int32_t bf16_rows; /* bfloat16 weights: the rows between norms, products and attention are bfloat16 */
 } dl_layer;
 
 /* What every layer of one step shares: the step's metadata and buffers (decode_layer.py allocates them). */
@@ -60,15 +66,20 @@ typedef struct {
   const int64_t* tables;
   const int64_t* context_lens;
   const int64_t* rows;
-  float *h, *qkv, *attn, *gate_up, *mid;
+  void *h, *qkv, *attn, *gate_up, *mid; /* float32, or bfloat16 for a layer with bf16_rows */
   float* scratch;
   int64_t tokens, bt_stride, seqs, max_context, attn_per_thread;
   int32_t threads, use_pool, isa;
   int32_t attn_mode; /* paged_decode_attention's bf16_values: 0 float32 values, 2 bfloat16 products */
 } dl_step;
 
-static int project(const dl_linear* p, const dl_step* s, const float* x, float* y) {
-  if (p->qblock)
+static int project(const dl_linear* p, const dl_step* s, const void* x, void* y) {
+  if (p->kind == LINEAR_BF16) {
+    bf16_matmul((const uint16_t*)x, p->in, (const uint16_t*)p->w, p->in, y, p->out, s->tokens, p->in, p->out, 0,
+                s->threads, s->use_pool);
+    return 0;
+  }
+  if (p->kind == LINEAR_QBLOCK)
     return qblock_matmul(x, p->in, s->tokens, p->in, (const uint8_t*)p->w, p->d, p->m, p->bits, p->offset,
                          p->has_min, p->out, p->bias, y, p->out, s->scratch, s->isa, s->threads, s->use_pool);
   small_matmul(x, p->in, (const float*)p->w, p->bias, y, p->out, s->tokens, p->in, p->out, s->scratch, s->threads,
@@ -78,24 +89,31 @@ static int project(const dl_linear* p, const dl_step* s, const float* x, float* 
 
 /* residual += x (residual = x where has_residual is 0: then residual must be x), then the attention and MLP
  * blocks; `out` gets the MLP's output. `out` may be x: x is read only by the first norm. Nonzero on failure
- * (a block matrix the kernel refuses), before anything was written past the first norm's rows. */
-int decode_layer(const dl_layer* L, const dl_step* s, const float* x, float* residual, int has_residual,
-                 float* out) {
+ * (a block matrix the kernel refuses), before anything was written past the first norm's rows.
+ *
+ * With bf16_rows (a bfloat16 model), as its Python layer runs: `x` is bfloat16 after the first layer (float32,
+ * the embeddings, before it), the normed rows, q/k/v, the attention output, the MLP's middle and `out` are
+ * bfloat16, and the residual stream stays float32. */
+int decode_layer(const dl_layer* L, const dl_step* s, const void* x, float* residual, int has_residual, void* out) {
   const int64_t t = s->tokens, hd = L->head_dim, q_size = L->heads * hd, kv_size = L->kv_heads * hd;
   const int64_t qkv_ld = L->qkv.out;
-  add_rms_norm(x, L->hidden, residual, L->hidden, has_residual, L->in_norm, L->eps, s->h, L->hidden, t, L->hidden,
+  const int b = L->bf16_rows ? 1 : 0;
+  const int64_t word = b ? 2 : 4; /* bytes per value of the rows between kernels */
+  char* qkv = (char*)s->qkv;
+  const int first_flags = has_residual | (b && has_residual) << 1 | b << 2, later_flags = 1 | b << 1 | b << 2;
+  add_rms_norm(x, L->hidden, residual, L->hidden, first_flags, L->in_norm, L->eps, s->h, L->hidden, t, L->hidden,
                s->threads, s->use_pool);
-  if (project(&L->qkv, s, s->h, s->qkv)) return 1;
-  rope_inplace(s->qkv, qkv_ld, s->cos, s->sin, hd / 2, t, L->heads + L->kv_heads, hd, 0, s->threads, s->use_pool);
-  write_kv(s->qkv + q_size, qkv_ld, s->qkv + q_size + kv_size, qkv_ld, s->slots, t, kv_size, L->k_cache,
-           L->v_cache, L->kv_bf16, 0, s->threads, s->use_pool);
-  paged_decode_attention(s->qkv, qkv_ld, L->k_cache, L->v_cache, L->kv_bf16, s->attn_mode, 0, s->tables, s->bt_stride,
+  if (project(&L->qkv, s, s->h, qkv)) return 1;
+  rope_inplace(qkv, qkv_ld, s->cos, s->sin, hd / 2, t, L->heads + L->kv_heads, hd, b, s->threads, s->use_pool);
+  write_kv(qkv + q_size * word, qkv_ld, qkv + (q_size + kv_size) * word, qkv_ld, s->slots, t, kv_size, L->k_cache,
+           L->v_cache, L->kv_bf16, b, s->threads, s->use_pool);
+  paged_decode_attention(qkv, qkv_ld, L->k_cache, L->v_cache, L->kv_bf16, s->attn_mode, b, s->tables, s->bt_stride,
                          s->context_lens, s->rows, s->seqs, L->heads, L->kv_heads, hd, L->block_size, L->scale,
                          s->attn, q_size, s->scratch, s->attn_per_thread, s->max_context, s->threads, s->use_pool);
   if (project(&L->o, s, s->attn, out)) return 1;
-  add_rms_norm(out, L->hidden, residual, L->hidden, 1, L->post_norm, L->eps, s->h, L->hidden, t, L->hidden,
-               s->threads, s->use_pool);
+  add_rms_norm(out, L->hidden, residual, L->hidden, later_flags, L->post_norm, L->eps, s->h, L->hidden, t,
+               L->hidden, s->threads, s->use_pool);
   if (project(&L->gate_up, s, s->h, s->gate_up)) return 1;
-  silu_mul(s->gate_up, 2 * L->inter, s->mid, L->inter, t, L->inter, 0, s->threads, s->use_pool);
+  silu_mul(s->gate_up, 2 * L->inter, s->mid, L->inter, t, L->inter, b, s->threads, s->use_pool);
   return project(&L->down, s, s->mid, out);
 }

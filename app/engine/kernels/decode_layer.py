@@ -16,6 +16,7 @@ import torch
 
 import app.engine.kernels.library as library
 from app.engine.kernels.attention import bf16_attention_supported
+from app.engine.kernels.matmul import bf16_matmul_supported
 from app.engine.kernels.qblock import QK, QBlockWeight, _scratch_floats, qblock_isa
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 _MAX_QBLOCKS = 1024  # qblock_matmul.c's MAX_BLOCKS
+_F32, _QBLOCK, _BF16 = 0, 1, 2  # decode_layer.c's LINEAR_* kinds
 _p, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 
 
@@ -35,7 +37,7 @@ class _Linear(ctypes.Structure):
     _fields_ = [
         *(("w", _p), ("d", _p), ("m", _p), ("bias", _p)),
         *(("in_features", _i64), ("out_features", _i64)),
-        *(("qblock", _i32), ("bits", _i32), ("offset", _i32), ("has_min", _i32)),
+        *(("kind", _i32), ("bits", _i32), ("offset", _i32), ("has_min", _i32)),
     ]
 
 
@@ -45,7 +47,7 @@ class _Layer(ctypes.Structure):
         *(("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear)),
         *(("hidden", _i64), ("inter", _i64), ("heads", _i64), ("kv_heads", _i64)),
         *(("head_dim", _i64), ("block_size", _i64), ("eps", _f32), ("scale", _f32)),
-        *(("kv_bf16", _i32), ("pad", _i32)),
+        *(("kv_bf16", _i32), ("bf16_rows", _i32)),
     ]
 
 
@@ -75,8 +77,8 @@ def decode_layer_enabled() -> bool:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One projection as its Linear holds it: a float32 ``weight`` ``[out, in]`` stored column-major, or GGUF
-    blocks (``qweight``); ``bias`` float32 or None."""
+    """One projection as its Linear holds it: a float32 ``weight`` ``[out, in]`` stored column-major, a bfloat16
+    one stored row-major (no bias), or GGUF blocks (``qweight``); ``bias`` float32 or None."""
 
     weight: torch.Tensor
     qweight: QBlockWeight | None
@@ -96,13 +98,17 @@ def _linear_struct(lin: LayerWeights, in_features: int, out_features: int) -> _L
         if q.bits not in (4, 8) or (q.bits == 4 and blocks % 2):
             return None
         ptrs = (q.codes.data_ptr(), q.d.data_ptr(), q.m.data_ptr(), bias_ptr)
-        return _Linear(*ptrs, in_features, out_features, 1, q.bits, q.offset, int(q.has_min))
+        return _Linear(*ptrs, in_features, out_features, _QBLOCK, q.bits, q.offset, int(q.has_min))
     w = lin.weight
+    if w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.shape == (out_features, in_features):
+        if bias is not None or not w.is_contiguous() or not bf16_matmul_supported():  # bf16_matmul reads W rows
+            return None
+        return _Linear(w.data_ptr(), None, None, None, in_features, out_features, _BF16, 0, 0, 0)
     if w.dtype != torch.float32 or w.device.type != "cpu" or w.shape != (out_features, in_features):
         return None
     if not w.t().is_contiguous():  # small_matmul reads W^T rows
         return None
-    return _Linear(w.data_ptr(), None, None, bias_ptr, in_features, out_features, 0, 0, 0, 0)
+    return _Linear(w.data_ptr(), None, None, bias_ptr, in_features, out_features, _F32, 0, 0, 0)
 
 
 def bf16_values_supported(layer: DecodeLayer) -> bool:
@@ -119,6 +125,7 @@ class DecodeLayer:
         self.struct = struct
         self.keep = keep  # the tensors whose addresses the struct holds
         self.all_qblock = all_qblock
+        self.bf16_rows = bool(struct.bf16_rows)
         self.qkv_out = struct.qkv.out_features
 
     @classmethod
@@ -160,6 +167,10 @@ class DecodeLayer:
         linears = [_linear_struct(p, k, n) for p, (k, n) in zip(projections, shapes, strict=True)]
         if any(lin is None for lin in linears):
             return None
+        kinds = {lin.kind for lin in linears if lin is not None}
+        bf16_rows = _BF16 in kinds
+        if bf16_rows and (kinds != {_BF16} or kv_cache.dtype != torch.bfloat16):
+            return None  # bfloat16 rows need every product in bfloat16 and the bfloat16 attention
         struct = _Layer(
             norms[0].data_ptr(),
             norms[1].data_ptr(),
@@ -175,7 +186,7 @@ class DecodeLayer:
             eps,
             scale,
             int(kv_cache.dtype == torch.bfloat16),
-            0,
+            int(bf16_rows),
         )
         keep = (norms, projections, kv_cache)
         return cls(struct, keep, all(p.qweight is not None for p in projections))
@@ -203,18 +214,21 @@ class DecodeStepBuffers:
         t = cos.shape[0]
         threads = torch.get_num_threads()
         width = max(s.qkv.out_features, s.gate_up.out_features, s.hidden)
-        per_thread = ((s.heads + 2) * max_context + 2) & ~1  # as kernels/attention.py sizes it
+        rows_dtype = torch.bfloat16 if first.bf16_rows else torch.float32
+        # as kernels/attention.py sizes it (a bfloat16 query and output are widened in a task's scratch)
+        io_rows = 2 * s.heads * s.head_dim if first.bf16_rows else 0
+        per_thread = ((s.heads + 2) * max_context + io_rows + 2) & ~1
         scratch = max(
             (threads - 1) * t * width,  # small_matmul
             _scratch_floats(t, max(s.hidden, s.inter, s.heads * s.head_dim)),  # qblock_matmul
             threads * per_thread,  # paged_decode_attention
         )
-        self.h = torch.empty(t, s.hidden)
-        self.qkv = torch.empty(t, s.qkv.out_features)
-        self.attn = torch.empty(t, s.heads * s.head_dim)
-        self.gate_up = torch.empty(t, 2 * s.inter)
-        self.mid = torch.empty(t, s.inter)
-        self.out = torch.empty(t, s.hidden)
+        self.h = torch.empty(t, s.hidden, dtype=rows_dtype)
+        self.qkv = torch.empty(t, s.qkv.out_features, dtype=rows_dtype)
+        self.attn = torch.empty(t, s.heads * s.head_dim, dtype=rows_dtype)
+        self.gate_up = torch.empty(t, 2 * s.inter, dtype=rows_dtype)
+        self.mid = torch.empty(t, s.inter, dtype=rows_dtype)
+        self.out = torch.empty(t, s.hidden, dtype=rows_dtype)
         self.scratch = library.scratch(scratch)
         self.keep = (cos, sin, slots, tables, context_lens, rows)
         self.struct = _Step(
@@ -231,7 +245,8 @@ class DecodeStepBuffers:
 
     def run(self, layers: list[DecodeLayer], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer over ``x`` (float32 ``[T, hidden]``, contiguous; it becomes the residual stream, updated
-        in place): returns the last layer's output and the residual stream."""
+        in place): returns the last layer's output (bfloat16 for a bfloat16 model's layers) and the residual
+        stream."""
         lib = library.get()
         if lib is None:
             raise RuntimeError("the C kernels were switched off during a step")

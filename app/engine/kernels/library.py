@@ -23,6 +23,7 @@ SOURCES = (
     "elementwise.c",
     "qblock_matmul.c",
     "decode_layer.c",
+    "bf16_matmul.c",
 )
 _ABI = {
     "small_matmul_abi_version": 2,
@@ -30,7 +31,8 @@ _ABI = {
     "prefill_attention_abi_version": 4,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
-    "decode_layer_abi_version": 2,
+    "decode_layer_abi_version": 3,
+    "bf16_matmul_abi_version": 1,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -80,6 +82,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "elementwise_use_avx512": [_int],
     "argmax_rows": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _int, _int],  # x, ld, rows, cols, out, ties, ...
     "decode_layer": [_ptr, _ptr, _ptr, _ptr, _int, _ptr],  # layer, step, x, residual, has_residual, out
+    # x, ldx, w, ldw, y, ldy, M, K, N, out_f32, ...
+    "bf16_matmul": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _int, _int, _int],
     "qblock_matmul": [
         *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
         *(_ptr, _ptr, _ptr, _int, _int, _int, _i64),  # codes, d, m, bits, offset, has_min, N

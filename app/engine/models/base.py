@@ -172,7 +172,9 @@ class PagedCausalLM(nn.Module):
             groups.setdefault(self.param_dtype if name in products else self.compute_dtype, []).append(name)
         with torch.no_grad():
             for dtype, names in groups.items():
-                self._assign_group(ours, {n: params[n] for n in names}, dtype, column_major)
+                # bfloat16 weights stay row-major: oneDNN packs its own copy and bf16_matmul.c reads [out, in]
+                layout = set() if dtype == torch.bfloat16 else column_major
+                self._assign_group(ours, {n: params[n] for n in names}, dtype, layout)
 
     def _assign_group(
         self,

@@ -21,7 +21,7 @@ from app.engine.kernels.decode_layer import (
     bf16_values_supported,
     decode_layer_enabled,
 )
-from app.engine.kernels.matmul import MAX_ROWS, ONEDNN_MIN_ROWS
+from app.engine.kernels.matmul import BF16_MAX_ROWS, MAX_ROWS, ONEDNN_MIN_ROWS
 from app.engine.models.base import PagedCausalLM, take
 from app.engine.models.layers import (
     Embedding,
@@ -40,10 +40,10 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def _layer_weights(lin: Linear) -> LayerWeights | None:
-    """A Linear's weights as the C decode layer takes them: GGUF blocks or float32 (no int8/int4/bfloat16)."""
+    """A Linear's weights as the C decode layer takes them: GGUF blocks, float32 or bfloat16 (no int8/int4)."""
     if lin.qweight is not None:
         return LayerWeights(lin.weight, lin.qweight, lin.bias)
-    if lin.scales is not None or lin.weight.dtype != torch.float32:
+    if lin.scales is not None or lin.weight.dtype not in (torch.float32, torch.bfloat16):
         return None
     return LayerWeights(lin.weight, None, lin.bias)
 
@@ -167,8 +167,8 @@ class LlamaForCausalLM(PagedCausalLM):
     def _decode_in_c(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A decode-only step of a few tokens with float32 or GGUF-block weights on CPU: each layer is one C
-        call running the layer's kernels (kernels/decode_layer.py), the same numbers without ~10 Python
+        """A decode-only step of a few tokens with float32, bfloat16 or GGUF-block weights on CPU: each layer is
+        one C call running the layer's kernels (kernels/decode_layer.py), the same numbers without ~10 Python
         wrappers per layer. Returns the last layer's output and the residual; None where it does not apply."""
         dec = attn.decode_index
         if dec is None or attn.prefills or attn.static_decode is not None:
@@ -178,11 +178,15 @@ class LlamaForCausalLM(PagedCausalLM):
         if self.decode_plan is None:
             self.decode_plan = self._build_decode_layers()
         layers, all_blocks = self.decode_plan
-        rows = x.shape[0]
-        # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, blocks at any count
-        if not layers or not (rows < ONEDNN_MIN_ROWS or (all_blocks and rows <= MAX_ROWS)):
+        if not layers:
             return None
-        if attn.bf16_products and not bf16_values_supported(layers[0]):
+        # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, bf16_matmul up to
+        # BF16_MAX_ROWS, blocks up to MAX_ROWS
+        bf16_rows = layers[0].bf16_rows
+        limit = BF16_MAX_ROWS if bf16_rows else MAX_ROWS if all_blocks else ONEDNN_MIN_ROWS - 1
+        if x.shape[0] > limit:
+            return None
+        if (attn.bf16_products or bf16_rows) and not (attn.bf16_products and bf16_values_supported(layers[0])):
             return None
         if attn.slot_mapping.dtype != torch.int64 or dec.block_tables.dtype != torch.int64:
             return None

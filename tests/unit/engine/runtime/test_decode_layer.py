@@ -13,6 +13,8 @@ import pytest
 import app.engine.kernels as kernels
 from app.engine import LLMEngine, SamplingParams
 from app.engine.kernels import decode_layer
+from app.engine.kernels.attention import bf16_attention_supported
+from app.engine.kernels.matmul import BF16_MAX_ROWS, bf16_matmul_supported
 from tests.unit.engine.runtime.conftest import random_prompts
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -149,3 +151,61 @@ def test_a_struct_is_refused_where_a_kernel_would_not_run(tmp_path: Path) -> Non
         scale=0.2,
     )
     assert layer is None
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
+    """bfloat16 weights (row-major, bf16_matmul.c), a bfloat16 KV cache and bfloat16 rows between the kernels;
+    head_dim 32, which the bfloat16 attention products need."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from app.engine.loading import load_model
+    from tests.unit.engine.models.conftest import VOCAB
+    from tests.unit.engine.models.helpers import save_hf_model
+
+    torch.manual_seed(4321)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=152,  # 4 whole chunks of 32 and a masked tail of 24
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    folder = save_hf_model(LlamaForCausalLM(cfg).eval(), tmp_path_factory.mktemp("bf16_decode_layer"), None)
+    return LLMEngine.from_loaded(
+        *load_model(folder, dtype=torch.bfloat16),
+        kv_cache_memory_bytes=1 << 22,
+        seed=0,
+        kv_cache_dtype="bfloat16",
+        enable_prefix_caching=False,
+    )
+
+
+@pytest.mark.parametrize("count", [1, 2, BF16_MAX_ROWS])
+def test_bfloat16_steps_match_the_python_layers_bit_for_bit(
+    bf16_engine: LLMEngine, c_layer_steps: list[int], count: int
+) -> None:
+    """Up to BF16_MAX_ROWS rows both run every product in bf16_matmul.c and keep the rows in bfloat16."""
+    if not (kernels.available() and bf16_matmul_supported() and bf16_attention_supported()):
+        pytest.skip("needs the C kernels and AVX512-BF16")
+    prompts = random_prompts(count, 3, 20, seed=20 + count)
+    c_layer_steps.clear()
+    python = outputs(bf16_engine, prompts, in_c=False)
+    assert c_layer_steps == []
+    in_c = outputs(bf16_engine, prompts, in_c=True)
+    assert in_c == python
+    assert count in c_layer_steps and max(c_layer_steps) <= BF16_MAX_ROWS
+
+
+def test_bfloat16_steps_past_the_kernel_rows_stay_in_python(
+    bf16_engine: LLMEngine, c_layer_steps: list[int]
+) -> None:
+    """Past BF16_MAX_ROWS the Python layer runs oneDNN's products: not taken there."""
+    outputs(bf16_engine, random_prompts(BF16_MAX_ROWS + 1, 3, 8, seed=30), in_c=True)
+    assert BF16_MAX_ROWS + 1 not in c_layer_steps
