@@ -163,7 +163,8 @@ def bf16_linear(
 
     Used for every row count: at 1-16 rows the product streams half the bytes of float32 and runs 2-2.5x
     faster than the float32 C kernel on SmolLM2's shapes, at 64 rows and more the bfloat16 FLOPs win
-    (``scripts/engine_roofline.py --dtype bfloat16``)."""
+    (``scripts/engine_roofline.py --dtype bfloat16``). Up to ``BF16_MAX_ROWS`` rows with AVX512-BF16 and a
+    row-major weight it is our kernel (:func:`bf16_small_matmul`), oneDNN from there on."""
     op = _ONEDNN_LINEAR
     if (
         op is None

@@ -1,0 +1,88 @@
+"""Few-row bfloat16 products (issue 16): our bf16_matmul.c against oneDNN's packed bfloat16 product.
+
+    .venv/bin/python scripts/bench_bf16_matmul.py                 # SmolLM2's shapes, 1-16 rows, 2 threads
+    .venv/bin/python scripts/bench_bf16_matmul.py --rows 1,4 --repeats 9
+
+Per shape and row count: milliseconds per product with the weights streamed from memory (as in decoding:
+enough copies of the weight to overflow the caches, called in turn), and the weight bytes read per second.
+``ours`` is ``matmul.bf16_small_matmul`` (the weight as stored, row-major), ``oneDNN`` is ``bf16_linear`` with
+``keep_bf16`` on its packed copy (what a bfloat16 model ran before). ``BF16_MAX_ROWS`` in
+``app/engine/kernels/matmul.py`` is set from this table. Needs AVX512-BF16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.engine.kernels import matmul
+
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576))
+STREAM_BYTES = 96 << 20  # more than any last-level cache here
+
+
+def best_ms(fn: Callable[[torch.Tensor], object], weights: list[torch.Tensor], repeats: int) -> float:
+    for w in weights[:2]:
+        fn(w)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for w in weights:
+            fn(w)
+        best = min(best, (time.perf_counter() - start) / len(weights))
+    return best * 1e3
+
+
+def onednn_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed product, even where bf16_linear would take our kernel."""
+    op = matmul._ONEDNN_LINEAR
+    packed = matmul._packed(w)
+    return op(x, packed, None, "none", [], "")  # type: ignore[misc]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,2,3,4,6,8,16", help="comma-separated row counts")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    if not matmul.bf16_matmul_supported():
+        print("bench_bf16_matmul: this CPU has no AVX512-BF16; nothing to compare", file=sys.stderr)
+        return 2
+    try:
+        rows_list = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        print(f"bench_bf16_matmul: --rows must be integers, got {args.rows!r}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    limit = matmul.BF16_MAX_ROWS
+    matmul.BF16_MAX_ROWS = max(rows_list)  # measure ours past the limit too
+    print(f"threads {args.threads}; BF16_MAX_ROWS is {limit}")
+    print("| out x in | rows | ours ms | ours GB/s | oneDNN ms | oneDNN GB/s | oneDNN / ours |")
+    print("|---|---|---|---|---|---|---|")
+    gen = torch.Generator().manual_seed(0)
+    for n, k in SHAPES:
+        copies = max(2, STREAM_BYTES // (n * k * 2))
+        weights = [torch.randn(n, k, generator=gen).bfloat16() for _ in range(copies)]
+        for rows in rows_list:
+            x = torch.randn(rows, k, generator=gen).bfloat16()
+            ours = best_ms(lambda w, x=x: matmul.bf16_small_matmul(x, w), weights, args.repeats)
+            theirs = best_ms(lambda w, x=x: onednn_product(x, w), weights, args.repeats)
+            gbs = [n * k * 2 / (ms * 1e-3) / 1e9 for ms in (ours, theirs)]
+            print(
+                f"| {n} x {k} | {rows} | {ours:.3f} | {gbs[0]:.1f} | {theirs:.3f} | {gbs[1]:.1f} "
+                f"| {theirs / ours:.2f}x |"
+            )
+    matmul.BF16_MAX_ROWS = limit
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
