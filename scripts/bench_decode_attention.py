@@ -8,6 +8,10 @@ alone). Each row is printed for several block sizes, with the bytes of K/V one c
 
     .venv/bin/python scripts/bench_decode_attention.py
     .venv/bin/python scripts/bench_decode_attention.py --seqs 64 --context 96 --block-sizes 16,128
+    .venv/bin/python scripts/bench_decode_attention.py --kv-dtype bfloat16   # a bfloat16 model's decode
+
+``--kv-dtype bfloat16`` reads a bfloat16 cache with bfloat16 query and output rows, as a bfloat16 model's
+decode step runs (AVX512-BF16 products: the kernel's mode 2).
 """
 
 from __future__ import annotations
@@ -29,15 +33,18 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 def time_calls(cache: torch.Tensor, tables: list[torch.Tensor], context: int, repeats: int) -> float:
     seqs = tables[0].shape[0]
-    query = torch.randn(seqs, HEADS, HEAD_DIM)
-    out = torch.empty(seqs, HEADS * HEAD_DIM)
+    bf16 = cache.dtype == torch.bfloat16
+    query = torch.randn(seqs, HEADS, HEAD_DIM, dtype=cache.dtype)
+    out = torch.empty(seqs, HEADS * HEAD_DIM, dtype=cache.dtype)
     lens = torch.full((seqs,), context, dtype=torch.int64)
     scale = HEAD_DIM**-0.5
-    if not paged_decode_attention(query, cache, tables[0], lens, context, None, scale, out):
-        raise SystemExit("the C kernel does not apply here (it needs float32 on CPU and a built kernel library)")
+    call = (query, cache, tables[0], lens, context, None, scale, out)
+    if not paged_decode_attention(*call, bf16_values=bf16):
+        raise SystemExit("the C kernel does not apply here (a built kernel library; AVX512-BF16 for bfloat16)")
     start = time.perf_counter()
     for i in range(repeats):
-        paged_decode_attention(query, cache, tables[i % len(tables)], lens, context, None, scale, out)
+        table = tables[i % len(tables)]
+        paged_decode_attention(query, cache, table, lens, context, None, scale, out, bf16_values=bf16)
     return (time.perf_counter() - start) / repeats
 
 
@@ -49,21 +56,23 @@ def main() -> None:
     parser.add_argument("--block-sizes", default="16,64,128")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--kv-dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
+    dtype = getattr(torch, args.kv_dtype)
     torch.set_num_threads(args.threads)
     if not available():
         raise SystemExit("the kernel library is not built here (it needs a C compiler with AVX2)")
-    read = args.seqs * args.context * KV_HEADS * HEAD_DIM * 4 * 2
+    read = args.seqs * args.context * KV_HEADS * HEAD_DIM * dtype.itemsize * 2
     print(
         f"{args.seqs} sequences x {args.context} positions, {HEADS}/{KV_HEADS} heads x {HEAD_DIM}, "
-        f"{args.threads} threads: {read / 1e6:.1f} MB of K/V per call"
+        f"{args.threads} threads, {args.kv_dtype}: {read / 1e6:.1f} MB of K/V per call"
     )
     print(f"{'block size':>10} {'placement':>12} {'us/call':>10} {'GB/s':>7}")
     for block_size in (int(b) for b in args.block_sizes.split(",") if b.strip()):
         per_seq = -(-args.context // block_size)
         per_call = args.seqs * per_seq
         num_blocks = per_call * args.layers
-        cache = torch.randn(2, num_blocks, block_size, KV_HEADS, HEAD_DIM)
+        cache = torch.randn(2, num_blocks, block_size, KV_HEADS, HEAD_DIM).to(dtype)
         order = torch.randperm(num_blocks)
         placements = {
             "random": [order[i * per_call : (i + 1) * per_call].view(args.seqs, per_seq).contiguous()

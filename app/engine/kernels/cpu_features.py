@@ -6,8 +6,11 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["avx512_enabled", "bf16_products_supported", "cpu_flags"]
+import torch
+
+__all__ = ["avx512_enabled", "bf16_products_supported", "cpu_flags", "onednn_linear_op"]
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -39,7 +42,21 @@ def bf16_products_supported() -> bool:
     ``INF_ENGINE_DISABLE_BF16=1`` answers no (to try the float32 fallback on a machine that has them)."""
     if os.environ.get("INF_ENGINE_DISABLE_BF16", "").strip() in ("1", "true", "yes"):
         return False
-    from app.engine.kernels.matmul import onednn_available
-
     flags = cpu_flags()
-    return onednn_available() and bool({"avx512_bf16", "amx_bf16"} & flags)
+    return onednn_linear_op() is not None and bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+@functools.cache
+def onednn_linear_op() -> Any:
+    """torch's oneDNN linear (``torch.ops.mkldnn._linear_pointwise``) where this build has it and it runs on this
+    CPU, else None."""
+    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if op is None or not torch.backends.mkldnn.is_available():
+        return None
+    try:  # a build whose oneDNN cannot run it (no AVX, say) fails here, once, not in a step
+        x, w = torch.ones(3, 8), torch.ones(5, 8)
+        if not torch.equal(op(x, w, None, "none", [], ""), torch.full((3, 5), 8.0)):
+            return None
+    except RuntimeError:
+        return None
+    return op

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, cast
+from typing import cast
 
 import torch
 
 import app.engine.kernels.library as library
+from app.engine.kernels.cpu_features import (
+    avx512_enabled,
+    bf16_products_supported,
+    cpu_flags,
+    onednn_linear_op,
+)
 
 # Up to this many rows the kernel beats MKL (even at 32 rows) and oneDNN (only at 1-2 rows: see onednn_linear).
 MAX_ROWS = 24
@@ -64,20 +70,7 @@ def small_matmul(
     return out
 
 
-def _find_onednn_linear() -> Any:
-    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-    if op is None or not torch.backends.mkldnn.is_available():
-        return None
-    try:  # a build whose oneDNN cannot run it (no AVX, say) fails here, once, not in a step
-        x, w = torch.ones(3, 8), torch.ones(5, 8)
-        if not torch.equal(op(x, w, None, "none", [], ""), torch.full((3, 5), 8.0)):
-            return None
-    except RuntimeError:
-        return None
-    return op
-
-
-_ONEDNN_LINEAR = _find_onednn_linear()
+_ONEDNN_LINEAR = onednn_linear_op()
 _onednn_enabled = True
 
 
@@ -201,8 +194,6 @@ BF16_MAX_ROWS = 4
 def bf16_matmul_supported() -> bool:
     """Our few-row bfloat16 kernel runs here: the CPU has AVX512-BF16 (and AVX-512 F/BW/VL), the AVX-512
     builds are allowed (``INF_ENGINE_DISABLE_AVX512``) and so are bfloat16 products (``INF_ENGINE_DISABLE_BF16``)."""
-    from app.engine.kernels.cpu_features import avx512_enabled, bf16_products_supported, cpu_flags
-
     return avx512_enabled() and bf16_products_supported() and {"avx512_bf16", "avx512vl"} <= cpu_flags()
 
 
