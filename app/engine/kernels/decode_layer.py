@@ -9,6 +9,7 @@ same arguments as the Python layer, so the numbers are the same bits.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ __all__ = [
     "LayerWeights",
     "bf16_values_supported",
     "decode_layer_enabled",
+    "link_layers",
     "use_decode_layer",
 ]
 
@@ -48,6 +50,7 @@ class _Layer(ctypes.Structure):
         *(("hidden", _i64), ("inter", _i64), ("heads", _i64), ("kv_heads", _i64)),
         *(("head_dim", _i64), ("block_size", _i64), ("eps", _f32), ("scale", _f32)),
         *(("kv_bf16", _i32), ("bf16_rows", _i32)),
+        ("next_qkv", _p),  # the next layer's qkv _Linear (set by link_layers), for fetching ahead
     ]
 
 
@@ -190,6 +193,13 @@ class DecodeLayer:
         )
         keep = (norms, projections, kv_cache)
         return cls(struct, keep, all(p.qweight is not None for p in projections))
+
+
+def link_layers(layers: list[DecodeLayer]) -> None:
+    """Point each layer at the next one's qkv projection, so that its last product fetches the start of that
+    weight ahead (bf16_matmul_then). The structs live as long as the list's layers do."""
+    for layer, following in itertools.pairwise(layers):
+        layer.struct.next_qkv = ctypes.addressof(following.struct) + _Layer.qkv.offset
 
 
 class DecodeStepBuffers:

@@ -31,8 +31,8 @@ _ABI = {
     "prefill_attention_abi_version": 4,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
-    "decode_layer_abi_version": 3,
-    "bf16_matmul_abi_version": 1,
+    "decode_layer_abi_version": 4,
+    "bf16_matmul_abi_version": 2,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int

@@ -20,6 +20,7 @@ from app.engine.kernels.decode_layer import (
     LayerWeights,
     bf16_values_supported,
     decode_layer_enabled,
+    link_layers,
 )
 from app.engine.kernels.matmul import BF16_MAX_ROWS, MAX_ROWS, ONEDNN_MIN_ROWS
 from app.engine.models.base import PagedCausalLM, take
@@ -228,6 +229,7 @@ class LlamaForCausalLM(PagedCausalLM):
             if one is None:
                 return [], False
             built.append(one)
+        link_layers(built)
         return built, all(one.all_qblock for one in built)
 
     def linear_sources(self) -> dict[str, list[str]]:

@@ -311,4 +311,7 @@ def test_a_large_tokenize_does_not_block_the_event_loop(tmp_path: Path) -> None:
         worker.join()
     assert result["status"] == 200 and result["count"] >= 700_000, result
     assert result["seconds"] > 1.0, result  # long enough that a blocked loop would have shown
-    assert slowest < 0.75, f"/health took {slowest:.2f} s while /tokenize ran {result['seconds']:.2f} s"
+    # A blocked loop answers /health only after the whole tokenize; a busy 2-core host can still delay one
+    # answer by most of a second (0.87 s once in CI while /tokenize ran 5 s), so the bound is relative.
+    bound = min(2.0, result["seconds"] / 2)
+    assert slowest < bound, f"/health took {slowest:.2f} s while /tokenize ran {result['seconds']:.2f} s"
