@@ -41,17 +41,20 @@ def outputs(engine: LLMEngine, prompts: list[list[int]], in_c: bool) -> list[tup
     return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in done]
 
 
+def assert_c_matches_python(engine: LLMEngine, prompts: list[list[int]], c_layer_steps: list[int]) -> None:
+    """The Python layers (no step in C), then the C layer: the same tokens and log-probabilities."""
+    c_layer_steps.clear()  # an engine's warm-up step may have run in C
+    python = outputs(engine, prompts, in_c=False)
+    assert c_layer_steps == []
+    assert outputs(engine, prompts, in_c=True) == python
+
+
 @pytest.mark.parametrize("count", [1, 2])
 def test_float32_steps_match_the_python_layers_bit_for_bit(
     make_engine: Callable[..., LLMEngine], c_layer_steps: list[int], count: int
 ) -> None:
     engine = make_engine(enable_prefix_caching=False)
-    prompts = random_prompts(count, 3, 20, seed=count)
-    c_layer_steps.clear()  # an engine's warm-up step may have run in C
-    python = outputs(engine, prompts, in_c=False)
-    assert c_layer_steps == []
-    in_c = outputs(engine, prompts, in_c=True)
-    assert in_c == python
+    assert_c_matches_python(engine, random_prompts(count, 3, 20, seed=count), c_layer_steps)
     assert c_layer_steps and set(c_layer_steps) <= {1, 2}
 
 
@@ -123,12 +126,7 @@ def test_gguf_block_steps_match_the_python_layers_bit_for_bit(
     Python layer's other route (rounding the query in a copy) stays in Python."""
     if not kernels.available():
         pytest.skip("needs the C kernels")
-    prompts = random_prompts(count, 3, 20, seed=10 + count)
-    c_layer_steps.clear()
-    python = outputs(q4_engine, prompts, in_c=False)
-    assert c_layer_steps == []
-    in_c = outputs(q4_engine, prompts, in_c=True)
-    assert in_c == python
+    assert_c_matches_python(q4_engine, random_prompts(count, 3, 20, seed=10 + count), c_layer_steps)
     model = q4_engine.runner.model
     bf16 = q4_engine.runner.bf16_products
     expected = not bf16 or decode_layer.bf16_values_supported(model.decode_plan[0][0])
@@ -194,12 +192,7 @@ def test_bfloat16_steps_match_the_python_layers_bit_for_bit(
     """Up to BF16_MAX_ROWS rows both run every product in bf16_matmul.c and keep the rows in bfloat16."""
     if not (kernels.available() and bf16_matmul_supported() and bf16_attention_supported()):
         pytest.skip("needs the C kernels and AVX512-BF16")
-    prompts = random_prompts(count, 3, 20, seed=20 + count)
-    c_layer_steps.clear()
-    python = outputs(bf16_engine, prompts, in_c=False)
-    assert c_layer_steps == []
-    in_c = outputs(bf16_engine, prompts, in_c=True)
-    assert in_c == python
+    assert_c_matches_python(bf16_engine, random_prompts(count, 3, 20, seed=20 + count), c_layer_steps)
     assert count in c_layer_steps and max(c_layer_steps) <= BF16_MAX_ROWS
 
 
