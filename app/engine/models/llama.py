@@ -187,7 +187,9 @@ class LlamaForCausalLM(PagedCausalLM):
         limit = BF16_MAX_ROWS if bf16_rows else MAX_ROWS if all_blocks else ONEDNN_MIN_ROWS - 1
         if x.shape[0] > limit:
             return None
-        if (attn.bf16_products or bf16_rows) and not (attn.bf16_products and bf16_values_supported(layers[0])):
+        if bf16_rows and not attn.bf16_products:
+            return None  # the Python layer would give its attention float32 rows
+        if attn.bf16_products and not bf16_values_supported(layers[0]):
             return None
         if attn.slot_mapping.dtype != torch.int64 or dec.block_tables.dtype != torch.int64:
             return None
