@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -561,13 +562,20 @@ def test_hooks_are_cheap_for_20000_tasks() -> None:
     prof = TraceProfiler()  # real clock, counters and args on: the expensive configuration
     prof.start()
     halves: list[float] = []
-    for half in range(2):
-        begin = time.perf_counter()
-        for i in range(half * 10_000, (half + 1) * 10_000):
-            task_id = f"t{i}"
-            prof.task_started(task_id, "node", "local", args={"i": i})
-            prof.task_finished(task_id)
-        halves.append(time.perf_counter() - begin)
+    # A full collection of the whole test session's heap once landed in the second half (1.27 s against 0.03 s
+    # in CI): that is the suite's garbage, not the hooks' cost, so the collector waits until the timing is done.
+    gc.collect()
+    gc.disable()
+    try:
+        for half in range(2):
+            begin = time.perf_counter()
+            for i in range(half * 10_000, (half + 1) * 10_000):
+                task_id = f"t{i}"
+                prof.task_started(task_id, "node", "local", args={"i": i})
+                prof.task_finished(task_id)
+            halves.append(time.perf_counter() - begin)
+    finally:
+        gc.enable()
     prof.stop()
     assert sum(halves) < 5.0, f"20k start/finish pairs took {sum(halves):.3f}s"
     assert halves[1] < 3 * halves[0] + 0.05, f"the second 10k pairs took {halves[1]:.3f}s, the first {halves[0]:.3f}s"
