@@ -27,7 +27,7 @@ SOURCES = (
 )
 _ABI = {
     "small_matmul_abi_version": 2,
-    "paged_attention_abi_version": 7,
+    "paged_attention_abi_version": 8,
     "prefill_attention_abi_version": 4,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,

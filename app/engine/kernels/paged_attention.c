@@ -21,13 +21,14 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "threadpool.h"
 #include "vec_math.h"
 
-int paged_attention_abi_version(void) { return 7; }
+int paged_attention_abi_version(void) { return 8; }
 
 /* Eight float32 values rounded to bfloat16 (to nearest even; finite inputs), kept as float32. */
 static inline __m256 round_bf16(__m256 x) {
@@ -48,6 +49,48 @@ static inline __attribute__((always_inline)) __m256 load8(const void* base, int6
   return bf16 == 2 ? round_bf16(x) : x;
 }
 
+/* The K and V rows of a thread's next task, fetched into L2 a few lines at a time while the current task
+ * computes. A sequence's blocks lie anywhere in the cache, so a task that starts cold waits on memory at every
+ * block of its first pass (measured: about a third of the bandwidth the two cores stream); fetched during the
+ * task before it, that pass finds them in L2. Each block's rows are contiguous: a block is one run of lines. */
+typedef struct {
+  const char *k, *v;     /* cache bases, bytes */
+  const int64_t* table;  /* the next task's block table; NULL: nothing to fetch */
+  int64_t ctx, bs, row_bytes;
+  int64_t block, line;   /* cursor: next line of the next block */
+  int64_t per_call;      /* lines of K (and as many of V) per fetch_some */
+  int warm;              /* the current task's own rows were fetched by the lane's task before it */
+} fetch_ahead;
+
+/* Lines the next task reads, in K (V the same). */
+static inline int64_t fetch_lines(const fetch_ahead* fa) {
+  return fa->table ? (fa->ctx * fa->row_bytes + 63) / 64 + (fa->ctx + fa->bs - 1) / fa->bs : 0;
+}
+
+/* Spread the next task's lines over `calls` calls of fetch_some. */
+static inline void fetch_plan(fetch_ahead* fa, int64_t calls) {
+  fa->per_call = calls > 0 ? fetch_lines(fa) / calls + 1 : 0;
+}
+
+static inline __attribute__((always_inline)) void fetch_some(fetch_ahead* fa) {
+  if (!fa->table) return;
+  for (int64_t n = 0; n < fa->per_call; n++) {
+    int64_t rows = fa->ctx - fa->block * fa->bs;
+    if (rows <= 0) {
+      fa->table = NULL;
+      return;
+    }
+    if (rows > fa->bs) rows = fa->bs;
+    int64_t off = fa->table[fa->block] * fa->bs * fa->row_bytes + 64 * fa->line;
+    _mm_prefetch(fa->k + off, _MM_HINT_T1);
+    _mm_prefetch(fa->v + off, _MM_HINT_T1);
+    if (64 * ++fa->line >= rows * fa->row_bytes) {
+      fa->block++;
+      fa->line = 0;
+    }
+  }
+}
+
 /* Sums of 8 vectors, one per lane: lane i of the result is the sum of the lanes of v[i]. */
 static inline __m256 transpose_sum8(const __m256 v[8]) {
   __m256 a01 = _mm256_hadd_ps(v[0], v[1]), a23 = _mm256_hadd_ps(v[2], v[3]);
@@ -58,14 +101,33 @@ static inline __m256 transpose_sum8(const __m256 v[8]) {
   return _mm256_add_ps(lo, hi);
 }
 
+/* rows[p]: the element offset of position p's cache row, block by block (no division per position). */
+static inline void cache_rows(const int64_t* table, int64_t ctx, int64_t bs, int64_t token_stride, int64_t* rows) {
+  for (int64_t p0 = 0, b = 0; p0 < ctx; p0 += bs, b++) {
+    int64_t base = table[b] * bs * token_stride, n = ctx - p0 < bs ? ctx - p0 : bs;
+    for (int64_t r = 0; r < n; r++) rows[p0 + r] = base + r * token_stride;
+  }
+}
+
+/* The largest of n floats (n >= 1), eight lanes at a time. */
+static inline float max_of(const float* s, int64_t n) {
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  int64_t p = 0;
+  for (; p + 8 <= n; p += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + p));
+  float lanes[8], mx = -INFINITY;
+  _mm256_storeu_ps(lanes, vmax);
+  for (int i = 0; i < 8; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+  for (; p < n; p++) mx = s[p] > mx ? s[p] : mx;
+  return mx;
+}
+
 /* Softmax weights of each query head's scores over ctx positions, in place: normalised, or (rnd) left as
  * e^(s - max) with 1 / sum in inv_sum[qh], to be applied to the output. */
 static inline __attribute__((always_inline)) void softmax_heads(float* scores, int64_t qheads, int64_t ctx, int rnd,
                                                                 float* inv_sum) {
   for (int64_t qh = 0; qh < qheads; qh++) {
     float* s = scores + qh * ctx;
-    float mx = -INFINITY;
-    for (int64_t p = 0; p < ctx; p++) mx = s[p] > mx ? s[p] : mx;
+    float mx = max_of(s, ctx);
     __m256 vmax = _mm256_set1_ps(mx), vsum = _mm256_setzero_ps();
     int64_t p = 0;
     for (; p + 8 <= ctx; p += 8) {
@@ -102,12 +164,13 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
                                                          const int64_t* table, int64_t ctx, int64_t h0, int64_t h1,
                                                          int64_t group, int64_t kvh, int64_t hd, int64_t bs,
                                                          float scale, float* out, float* scores, int64_t* rows,
-                                                         int bf16, int rnd) {
+                                                         fetch_ahead* fa, int bf16, int rnd) {
   const int64_t token_stride = kvh * hd; /* floats between consecutive cache rows */
   const int64_t nvec = hd / 8;
   const int64_t qheads = (h1 - h0) * group;
   float inv_sum[256]; /* per query head (heads / kv_heads * kv_heads <= 256), with rnd */
-  for (int64_t p = 0; p < ctx; p++) rows[p] = (table[p / bs] * bs + p % bs) * token_stride;
+  cache_rows(table, ctx, bs, token_stride, rows);
+  fetch_plan(fa, qheads * ((ctx + 7) / 8));
 
   /* 1. scores[qh][p], eight positions at a time so one transposing reduction finishes eight dot products */
   for (int64_t qh = 0; qh < qheads; qh++) {
@@ -116,6 +179,7 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
     float* s = scores + qh * ctx;
     int64_t p = 0;
     for (; p + 8 <= ctx; p += 8) {
+      fetch_some(fa);
       __m256 acc[8];
       for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
       for (int64_t j = 0; j < nvec; j++) {
@@ -125,6 +189,7 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
       }
       _mm256_storeu_ps(s + p, _mm256_mul_ps(transpose_sum8(acc), _mm256_set1_ps(scale)));
     }
+    if (p < ctx) fetch_some(fa);
     for (; p < ctx; p++) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t j = 0; j < nvec; j++)
@@ -159,28 +224,28 @@ static inline __attribute__((always_inline)) void attend(const float* q, const v
 
 static void attend_f32(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx, int64_t h0,
                        int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale, float* out,
-                       float* scores, int64_t* rows) {
-  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 0, 0);
+                       float* scores, int64_t* rows, fetch_ahead* fa) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, fa, 0, 0);
 }
 
 static void attend_bf16(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx, int64_t h0,
                         int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs, float scale, float* out,
-                        float* scores, int64_t* rows) {
-  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 1, 0);
+                        float* scores, int64_t* rows, fetch_ahead* fa) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, fa, 1, 0);
 }
 
 /* A bfloat16 model's decode: K and V in bfloat16 values (the query comes rounded), float32 sums and weights, so
  * that a position decoded here is within float32 rounding of the prefill kernel's bfloat16 products. */
 static void attend_f32_as_bf16(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx,
                                int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs,
-                               float scale, float* out, float* scores, int64_t* rows) {
-  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 2, 1);
+                               float scale, float* out, float* scores, int64_t* rows, fetch_ahead* fa) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, fa, 2, 1);
 }
 
 static void attend_bf16_rounded(const float* q, const void* k, const void* v, const int64_t* table, int64_t ctx,
                                 int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd, int64_t bs,
-                                float scale, float* out, float* scores, int64_t* rows) {
-  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, 1, 1);
+                                float scale, float* out, float* scores, int64_t* rows, fetch_ahead* fa) {
+  attend(q, k, v, table, ctx, h0, h1, group, kvh, hd, bs, scale, out, scores, rows, fa, 1, 1);
 }
 
 /* ---- A bfloat16 model's decode on a bfloat16 cache: scores by AVX512-BF16 products (vdpbf16ps) ----
@@ -208,12 +273,14 @@ TGT_BF16 static inline __m512 sum16x16(const __m512 v[16]) {
 TGT_BF16 static inline __attribute__((always_inline)) void value_sum_bf16(const uint16_t* vrows, const int64_t* rows,
                                                                           const float* w, int64_t w_ld, int64_t ctx,
                                                                           const float* inv, float* out,
-                                                                          int64_t out_ld, const int NH, const int G) {
+                                                                          int64_t out_ld, fetch_ahead* fa, const int NH,
+                                                                          const int G) {
   __m512 acc[4][8];
   for (int g = 0; g < G; g++)
     for (int c = 0; c < 2 * NH; c++) acc[g][c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < ctx; p++) {
     const uint16_t* row = vrows + rows[p];
+    if ((p & 7) == 0) fetch_some(fa);
     if (p + 8 < ctx) {
       const char* ahead = (const char*)(vrows + rows[p + 8]);
       for (int line = 0; line < NH; line++) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
@@ -232,21 +299,21 @@ TGT_BF16 static inline __attribute__((always_inline)) void value_sum_bf16(const 
 
 /* value_sum_bf16 with NH and G as constants (accumulators in registers): G query heads per call, at most 4. */
 TGT_BF16 static void value_sums_bf16(const uint16_t* vrows, const int64_t* rows, const float* w, int64_t ctx,
-                                     const float* inv, float* out, int64_t hd, int64_t group) {
+                                     const float* inv, float* out, int64_t hd, int64_t group, fetch_ahead* fa) {
   const int64_t nh = hd / 32;
   for (int64_t g0 = 0; g0 < group; g0 += 4) {
     int64_t g = group - g0 < 4 ? group - g0 : 4;
     const float* wg = w + g0 * ctx;
     float* og = out + g0 * hd;
-#define VSUM(NH_, G_) value_sum_bf16(vrows, rows, wg, ctx, ctx, inv + g0, og, hd, NH_, G_)
+#define VSUM(NH_, G_) value_sum_bf16(vrows, rows, wg, ctx, ctx, inv + g0, og, hd, fa, NH_, G_)
     if (nh == 2) {
       if (g == 1) VSUM(2, 1); else if (g == 2) VSUM(2, 2); else if (g == 3) VSUM(2, 3); else VSUM(2, 4);
     } else if (nh == 4) {
       if (g == 1) VSUM(4, 1); else if (g == 2) VSUM(4, 2); else if (g == 3) VSUM(4, 3); else VSUM(4, 4);
     } else {
       for (int64_t i = 0; i < g; i++) { /* head_dim 32 or 96: one head at a time */
-        if (nh == 1) value_sum_bf16(vrows, rows, wg + i * ctx, ctx, ctx, inv + g0 + i, og + i * hd, hd, 1, 1);
-        else value_sum_bf16(vrows, rows, wg + i * ctx, ctx, ctx, inv + g0 + i, og + i * hd, hd, 3, 1);
+        if (nh == 1) value_sum_bf16(vrows, rows, wg + i * ctx, ctx, ctx, inv + g0 + i, og + i * hd, hd, fa, 1, 1);
+        else value_sum_bf16(vrows, rows, wg + i * ctx, ctx, ctx, inv + g0 + i, og + i * hd, hd, fa, 3, 1);
       }
     }
 #undef VSUM
@@ -255,16 +322,19 @@ TGT_BF16 static void value_sums_bf16(const uint16_t* vrows, const int64_t* rows,
 
 TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void* v, const int64_t* table,
                                       int64_t ctx, int64_t h0, int64_t h1, int64_t group, int64_t kvh, int64_t hd,
-                                      int64_t bs, float scale, float* out, float* scores, int64_t* rows) {
+                                      int64_t bs, float scale, float* out, float* scores, int64_t* rows,
+                                      fetch_ahead* fa) {
   const uint16_t* kc = (const uint16_t*)k;
   const uint16_t* vc = (const uint16_t*)v;
   const int64_t token_stride = kvh * hd, nh = hd / 32, qheads = (h1 - h0) * group;
   float inv_sum[256];
-  for (int64_t p = 0; p < ctx; p++) rows[p] = (table[p / bs] * bs + p % bs) * token_stride;
-  /* The first head's pass also fetches, PREFETCH_AHEAD positions ahead, the K and V rows of every kv head of the
-   * task into L2: the blocks lie anywhere in the cache, so the other heads' passes and the value sums would each
-   * wait on memory for the whole context again. */
+  cache_rows(table, ctx, bs, token_stride, rows);
+  /* A cold task (its rows not fetched by the task before: a thread's first) fetches them itself in its first
+   * head's pass, PREFETCH_AHEAD positions ahead, the K and V rows of every kv head of the task into L2, so
+   * that the other heads' passes and the value sums do not each wait on memory for the whole context again. */
+  const int cold = !fa->warm;
   const int64_t task_lines = ((h1 - h0) * hd * 2 + 63) / 64;
+  fetch_plan(fa, qheads * ((ctx + 15) / 16) + (h1 - h0) * ((ctx + 7) / 8)); /* the score and value loops */
   const char* k_task = (const char*)(kc + h0 * hd);
   const char* v_task = (const char*)(vc + h0 * hd);
 
@@ -278,9 +348,10 @@ TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void*
     float* s = scores + qh * ctx;
     for (int64_t p0 = 0; p0 < ctx; p0 += 16) {
       __m512 part[16];
+      fetch_some(fa);
       for (int i = 0; i < 16; i++) {
         if (p0 + 16 + i < ctx) _mm_prefetch((const char*)(kc + rows[p0 + 16 + i] + kh), _MM_HINT_T0);
-        if (qh == 0 && p0 + PREFETCH_AHEAD + i < ctx) {
+        if (cold && qh == 0 && p0 + PREFETCH_AHEAD + i < ctx) {
           int64_t ahead = 2 * rows[p0 + PREFETCH_AHEAD + i];
           for (int64_t line = 0; line < task_lines; line++) {
             _mm_prefetch(k_task + ahead + 64 * line, _MM_HINT_T1);
@@ -306,12 +377,13 @@ TGT_BF16 static void attend_bf16_dots(const float* q, const void* k, const void*
   /* 3. out = inv * sum_p w_p v_p: float32 weights, value rows widened exactly to float32, once per group */
   for (int64_t kv = h0; kv < h1; kv++) {
     int64_t first = (kv - h0) * group;
-    value_sums_bf16(vc + kv * hd, rows, scores + first * ctx, ctx, inv_sum + first, out + first * hd, hd, group);
+    value_sums_bf16(vc + kv * hd, rows, scores + first * ctx, ctx, inv_sum + first, out + first * hd, hd, group,
+                    fa);
   }
 }
 
 typedef void (*attend_fn)(const float*, const void*, const void*, const int64_t*, int64_t, int64_t, int64_t,
-                          int64_t, int64_t, int64_t, int64_t, float, float*, float*, int64_t*);
+                          int64_t, int64_t, int64_t, int64_t, float, float*, float*, int64_t*, fetch_ahead*);
 
 typedef struct {
   const void* q;
@@ -326,10 +398,11 @@ typedef struct {
   float* scratch;
   int64_t scratch_per_thread, max_context;
   int io_bf16; /* q and out bfloat16: widened into / rounded out of float32 rows in the thread's scratch */
+  int64_t num_tasks, row_bytes;
+  _Atomic int64_t next_task; /* tasks are claimed one at a time, each thread one ahead (see attention_lane) */
 } attention_job;
 
-static void attention_task(void* arg, int64_t task) {
-  const attention_job* j = (const attention_job*)arg;
+static void attention_task(const attention_job* j, int64_t task, fetch_ahead* fa) {
   int64_t i = task / j->per_seq, h0 = (task % j->per_seq) * j->split;
   int64_t row = j->rows ? j->rows[i] : i;
   int64_t first = h0 * j->group * j->hd, n = j->split * j->group * j->hd;
@@ -345,10 +418,32 @@ static void attention_task(void* arg, int64_t task) {
     out = q32 + n;
   }
   j->attend(q, j->k_cache, j->v_cache, j->block_tables + i * j->bt_stride, j->context_lens[i], h0, h0 + j->split,
-            j->group, j->kvh, j->hd, j->bs, j->scale, out, scores, cache_rows);
+            j->group, j->kvh, j->hd, j->bs, j->scale, out, scores, cache_rows, fa);
   if (j->io_bf16) {
     uint16_t* o16 = (uint16_t*)j->out + row * j->out_ld + first;
     for (int64_t k = 0; k < n; k++) o16[k] = f32_to_bf16(out[k]);
+  }
+}
+
+/* One thread's share: it claims its next task before it runs the current one, so that the current task can
+ * fetch the next one's rows (fetch_ahead). Claiming one at a time keeps the threads balanced whatever the
+ * context lengths; a lane that finds nothing left returns at once. */
+static void attention_lane(void* arg, int64_t lane) {
+  (void)lane;
+  attention_job* j = (attention_job*)arg;
+  int64_t task = atomic_fetch_add(&j->next_task, 1);
+  int warm = 0;
+  while (task < j->num_tasks) {
+    int64_t next = atomic_fetch_add(&j->next_task, 1);
+    int64_t next_seq = next / j->per_seq;
+    fetch_ahead fa = {j->k_cache, j->v_cache, NULL, 0, j->bs, j->row_bytes, 0, 0, 0, warm};
+    if (next < j->num_tasks) { /* whole rows: with one kv head per task, the next heads' too */
+      fa.table = j->block_tables + next_seq * j->bt_stride;
+      fa.ctx = j->context_lens[next_seq];
+    }
+    attention_task(j, task, &fa);
+    warm = 1;
+    task = next;
   }
 }
 
@@ -371,6 +466,7 @@ void paged_decode_attention(const void* q, int64_t q_ld, const void* k_cache, co
   attention_job job = {q,        q_ld,        k_cache, v_cache,     fn,      block_tables, context_lens,
                        rows,     bt_stride,   heads,   kvh,         hd,      bs,           heads / kvh,
                        split,    kvh / split, scale,   out,         out_ld,  scratch,      scratch_per_thread,
-                       max_context, io_bf16};
-  parallel_for(num_seqs * (kvh / split), attention_task, &job, nthreads, use_pool);
+                       max_context, io_bf16, num_seqs * (kvh / split), kvh * hd * (kv_bf16 ? 2 : 4), 0};
+  int64_t lanes = job.num_tasks < nthreads ? job.num_tasks : nthreads;
+  parallel_for(lanes, attention_lane, &job, nthreads, use_pool);
 }

@@ -6,8 +6,12 @@ import pytest
 import torch
 
 from app.engine import kernels
-from app.engine.attention import SHORT_QUERY_MAX, AttentionMetadata, paged_attention
-from app.engine.kernels.attention import check_paged_decode_attention
+from app.engine.attention import SHORT_QUERY_MAX, AttentionMetadata, paged_attention, zeroed_mapping
+from app.engine.kernels.attention import (
+    bf16_attention_supported,
+    check_paged_decode_attention,
+    paged_decode_attention,
+)
 
 needs_kernel = pytest.mark.skipif(
     not kernels.available(), reason="no C compiler or no AVX2/FMA CPU: the kernel is not built here"
@@ -127,3 +131,44 @@ def test_torch_path_is_used_with_the_kernel_off() -> None:
     out, meta = run_step([1, 1], [5, 9], heads=4, kv_heads=2, use_kernel=False)
     assert out.shape == (2, 4 * 64)
     assert meta.decode_groups  # the SDPA groups were built because the kernel was not used
+
+
+@needs_kernel
+@pytest.mark.skipif(not bf16_attention_supported(), reason="needs AVX512-BF16 (the kernel's bfloat16 mode)")
+def test_bf16_batch_equals_each_sequence_alone(two_threads: None) -> None:
+    """A bfloat16 model's decode over many sequences of mixed lengths: each thread claims its next sequence
+    before it runs the current one and fetches that one's blocks meanwhile. None of it changes a number: the
+    batch gives each sequence exactly what a call with that sequence alone gives (one kv head per task)."""
+    gen = torch.Generator().manual_seed(11)
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    lens = [1, 17, 300, 16, 45, 129, 2, 250, 33, 64, 5, 190]
+    need = [-(-c // block_size) for c in lens]
+    num_blocks = sum(need) + 4
+    order = torch.randperm(num_blocks, generator=gen)
+    width = max(need)
+    tables = torch.zeros(len(lens), width, dtype=torch.int64)
+    at = 0
+    for i, n in enumerate(need):
+        tables[i, :n] = order[at : at + n]
+        at += n
+    cache = zeroed_mapping((2, num_blocks, block_size, kv_heads, head_dim), torch.bfloat16)
+    cache.copy_(torch.randn(cache.shape, generator=gen))
+    query = torch.randn(len(lens), heads, head_dim, generator=gen).bfloat16()
+    ctx = torch.tensor(lens, dtype=torch.int64)
+    scale = head_dim**-0.5
+    batch = torch.empty(len(lens), heads * head_dim, dtype=torch.bfloat16)
+    assert paged_decode_attention(query, cache, tables, ctx, max(lens), None, scale, batch, bf16_values=True)
+    for i, n in enumerate(lens):
+        alone = torch.empty(1, heads * head_dim, dtype=torch.bfloat16)
+        args = (query[i : i + 1], cache, tables[i : i + 1].contiguous(), ctx[i : i + 1], n, None, scale, alone)
+        assert paged_decode_attention(*args, bf16_values=True)
+        assert torch.equal(batch[i], alone[0]), f"sequence {i} (context {n})"
+
+
+def test_zeroed_mapping_is_zero_on_either_page_size() -> None:
+    for huge in (True, False):
+        t = zeroed_mapping((3, 1024, 1024), torch.bfloat16, huge_pages=huge)
+        assert t.shape == (3, 1024, 1024) and t.dtype == torch.bfloat16
+        assert not t.any()
+        t[2, 1023, 1023] = 1.0  # writable, private memory
+        assert t.sum().item() == 1.0
