@@ -32,6 +32,7 @@ costs more in page faults than the copy itself.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 from collections.abc import Sequence
@@ -100,10 +101,8 @@ def _ask_for_huge_pages(buf: mmap.mmap) -> None:
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or not hasattr(buf, "madvise"):
         return
-    try:
+    with contextlib.suppress(OSError):  # huge pages disabled ("never") or not built into this kernel
         buf.madvise(advice)
-    except OSError:  # huge pages disabled ("never") or not built into this kernel
-        pass
 
 
 class AttentionWorkspace:
