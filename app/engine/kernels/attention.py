@@ -189,7 +189,7 @@ def paged_prefill_attention(
         return False
     heads, head_dim = query.shape[1], query.shape[2]
     _, _, block_size, kv_heads, _ = kv_cache.shape
-    io_bf16 = query.dtype == torch.bfloat16  # the AMX build only: see below
+    io_bf16 = query.dtype == torch.bfloat16  # the AMX and AVX512-BF16 builds only: see below
     if (
         not _rows_and_cache_ok(query, kv_cache, out, 16, 256)
         or out.stride(1) != 1
@@ -203,7 +203,7 @@ def paged_prefill_attention(
     build = prefill_isa(bf16_products) if isa is None else isa
     if build == "amx" and head_dim not in AMX_HEAD_DIMS:
         build = "avx512_bf16"  # the same values, without tiles
-    if io_bf16 and build != "amx":
+    if io_bf16 and build not in ("amx", "avx512_bf16"):
         return False
     per_thread = _PREFILL_TILE * max(padded) + head_dim
     if build == "amx":  # scores, three bfloat16 parts of the weights, the tile's sums (prefill_attention.c)

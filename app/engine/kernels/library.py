@@ -28,7 +28,7 @@ SOURCES = (
 _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 8,
-    "prefill_attention_abi_version": 4,
+    "prefill_attention_abi_version": 5,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
     "decode_layer_abi_version": 4,

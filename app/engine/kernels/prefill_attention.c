@@ -28,7 +28,7 @@
 #include "threadpool.h"
 #include "vec_math.h"
 
-int prefill_attention_abi_version(void) { return 4; }
+int prefill_attention_abi_version(void) { return 5; }
 
 #define TILE 12 /* query vectors per tile: 12 accumulators + a key vector fit AVX2's 16 registers */
 #define PAD 16  /* position padding of a gathered sequence: a whole vector at either width */
@@ -49,7 +49,7 @@ typedef struct {
   int64_t* tile_off; /* [num_seqs + 1] first task of each sequence */
   float* scratch;    /* per thread: scores, then a spare output row */
   int64_t scratch_per_thread;
-  int io_bf16; /* q and out are bfloat16 (the AMX build only) */
+  int io_bf16; /* q and out are bfloat16 (the AMX and AVX512-BF16 builds) */
 } prefill_job;
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -166,7 +166,7 @@ TGT512 static inline float hmax16(__m512 v) {
  * round_up(ctx[s], 16) floats; scratch, per thread, scratch_per_thread >= TILE * round_up(max ctx, 16) + head_dim
  * floats (AMX: TILE * round_up(max ctx, 32) * 2.5 + TILE * 64 + head_dim). isa picks the build (the caller
  * checks the CPU): 0 AVX2, 1 AVX-512, 2 AVX-512 with bfloat16 products (prefill_attention_bf16.h), 3 AMX tiles
- * (prefill_attention_amx.h; head_dim 32 or 64, after amx_request()), which also takes bfloat16 q and out
+ * (prefill_attention_amx.h; head_dim 32 or 64, after amx_request()). Builds 2 and 3 also take bfloat16 q and out
  * (io_bf16: the same numbers, the output rounded to nearest even). Returns 0, or -1 when out of memory. */
 int paged_prefill_attention(const float* q, int64_t q_ld, const void* k_cache, const void* v_cache, int kv_bf16,
                             int io_bf16,

@@ -69,14 +69,21 @@ TGT_BF16 static void tile_task_bf16dot(void* arg, int64_t task) {
   uint32_t qt[MAX_HD / 2 * TILE];
   float* out[TILE];
   float inv[TILE];
-  int64_t limit[TILE];
+  int64_t limit[TILE], out_at[TILE];
+  float rows32[TILE * MAX_HD] __attribute__((aligned(64))); /* io_bf16: float32 sums, rounded out below */
   for (int u = 0; u < TILE; u++) {
-    int64_t q_at, out_at;
-    limit[u] = tile_vector(j, &tp, u, &q_at, &out_at);
-    const float* qu = j->q + q_at;
-    for (int64_t i = 0; i < hd / 2; i++)
-      qt[i * TILE + u] = (uint32_t)f32_to_bf16(qu[2 * i]) | (uint32_t)f32_to_bf16(qu[2 * i + 1]) << 16;
-    out[u] = out_at >= 0 ? j->out + out_at : NULL;
+    int64_t q_at;
+    limit[u] = tile_vector(j, &tp, u, &q_at, &out_at[u]);
+    if (j->io_bf16) { /* the query's bfloat16 bits as they are: what rounding a float32 copy would give */
+      const uint16_t* qu = (const uint16_t*)j->q + q_at;
+      for (int64_t i = 0; i < hd / 2; i++) memcpy(&qt[i * TILE + u], qu + 2 * i, 4); /* dims 2i, 2i + 1 */
+      out[u] = out_at[u] >= 0 ? rows32 + u * hd : NULL;
+    } else {
+      const float* qu = j->q + q_at;
+      for (int64_t i = 0; i < hd / 2; i++)
+        qt[i * TILE + u] = (uint32_t)f32_to_bf16(qu[2 * i]) | (uint32_t)f32_to_bf16(qu[2 * i + 1]) << 16;
+      out[u] = out_at[u] >= 0 ? j->out + out_at[u] : NULL;
+    }
   }
   int64_t upto = limit[TILE - 1];
   const uint16_t* kt = (const uint16_t*)(j->kv_scratch + j->kv_off[s] + kh * 2 * hd * pad);
@@ -88,6 +95,10 @@ TGT_BF16 static void tile_task_bf16dot(void* arg, int64_t task) {
   for (int u = 0; u < TILE; u++)
     if (!out[u]) out[u] = spare;
   tile_values_avx512(scores, pad, v, hd, upto, inv, out);
+  if (j->io_bf16)
+    for (int u = 0; u < TILE; u++)
+      if (out_at[u] >= 0) /* rounded to nearest even, as the float32 rows' conversion would */
+        for (int64_t d = 0; d < hd; d++) ((uint16_t*)j->out)[out_at[u] + d] = f32_to_bf16(rows32[u * hd + d]);
 }
 
 TGT_BF16 static void prefill_attention_bf16dot(prefill_job* job, int nthreads, int use_pool) {

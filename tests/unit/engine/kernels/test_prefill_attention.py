@@ -187,18 +187,19 @@ def test_bf16_decode_agrees_with_bf16_prefill(cache_dtype: torch.dtype, isa: str
 
 
 @needs_kernel
-@pytest.mark.skipif(not amx_enabled(), reason="this CPU (or its kernel) gives no AMX-BF16 tiles")
-def test_bf16_rows_in_and_out_give_the_float32_rows_numbers_rounded(two_threads: None) -> None:
-    """A bfloat16 model keeps q and the attention output in bfloat16 between its products: the AMX prefill and
-    the AVX512-BF16 decode read the bfloat16 query and round their output, the same numbers otherwise."""
+@pytest.mark.parametrize("isa", [b for b in BUILDS if b.values[0] in BF16_BUILDS])
+def test_bf16_rows_in_and_out_give_the_float32_rows_numbers_rounded(isa: str, two_threads: None) -> None:
+    """A bfloat16 model keeps q and the attention output in bfloat16 between its products: the prefill (AMX or
+    AVX512-BF16 build) and the AVX512-BF16 decode read the bfloat16 query and round their output, the same
+    numbers otherwise. A mixed step then needs no float32 copies of its rows."""
     heads, kv_heads, head_dim, block_size, ctx = 9, 3, 64, 16, 70
     cache = random_cache(8, block_size, kv_heads, head_dim, torch.bfloat16, seed=11)
     table = torch.randperm(8, generator=torch.Generator().manual_seed(12))[:5].view(1, 5).contiguous()
     query = torch.randn(ctx, heads, head_dim, generator=torch.Generator().manual_seed(13)).bfloat16()
     wide = torch.empty(ctx, heads * head_dim)
     rows = torch.empty(ctx, heads * head_dim, dtype=torch.bfloat16)
-    assert paged_prefill_attention(query.float(), cache, table, [ctx], [0], [ctx], 0.125, wide, isa="amx")
-    assert paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, rows, isa="amx")
+    assert paged_prefill_attention(query.float(), cache, table, [ctx], [0], [ctx], 0.125, wide, isa=isa)
+    assert paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, rows, isa=isa)
     assert torch.equal(rows, wide.bfloat16())
     assert not paged_prefill_attention(query, cache, table, [ctx], [0], [ctx], 0.125, rows, isa="avx512")
     tables = table.expand(ctx, 5).contiguous()
