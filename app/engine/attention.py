@@ -66,9 +66,8 @@ def allocate_kv_cache(
 
     Zeroed, not empty: padded positions are masked with -inf, but ``0 * NaN`` from uninitialised memory would
     still poison ``softmax @ V``. On CPU the memory is an anonymous mapping, which the OS zero-fills page by
-    page on first touch: a block costs RAM only once a sequence has used it (2 MB at a time on huge pages), so
-    the budget is a ceiling rather than an up-front cost (``torch.zeros`` would write, and so commit, every page
-    at start-up).
+    page on first touch: a block costs RAM only once a sequence has used it, so the budget is a ceiling rather
+    than an up-front cost (``torch.zeros`` would write, and so commit, every page at start-up).
     """
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}")
@@ -80,7 +79,7 @@ def allocate_kv_cache(
     return list(full.unbind(0))
 
 
-def zeroed_mapping(shape: tuple[int, ...], dtype: torch.dtype, *, huge_pages: bool = True) -> torch.Tensor:
+def zeroed_mapping(shape: tuple[int, ...], dtype: torch.dtype, *, huge_pages: bool = False) -> torch.Tensor:
     """A zeroed CPU tensor on its own anonymous mapping, committed page by page on first touch; ``huge_pages``
     asks Linux for 2 MB pages (see :func:`_ask_for_huge_pages`)."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
@@ -93,11 +92,14 @@ def zeroed_mapping(shape: tuple[int, ...], dtype: torch.dtype, *, huge_pages: bo
 
 
 def _ask_for_huge_pages(buf: mmap.mmap) -> None:
-    """Back the cache with 2 MB pages where Linux allows it (transparent huge pages in ``madvise`` mode, as
-    many distributions ship it, or ``always``). A decode step reads every sequence's blocks, which lie anywhere
-    in the cache: with 4 KB pages nearly every block is a TLB miss, and the decode attention kernel ran 1.1-1.2x
-    faster on 2 MB pages here (``scripts/bench_decode_attention.py --pages``). Memory is still committed on
-    first touch, 2 MB at a time. A no-op where the call or the flag does not exist."""
+    """Back the mapping with 2 MB pages where Linux allows it (transparent huge pages in ``madvise`` mode, as
+    many distributions ship it, or ``always``); a no-op where the call or the flag does not exist.
+
+    Not used for the KV cache. Its decode attention kernel ran 1.1-1.2x faster on 2 MB pages (fewer TLB misses
+    on scattered blocks: ``scripts/bench_decode_attention.py --pages``), but the engine touches fresh blocks
+    all along (cached ones are kept while empty ones remain), and a first touch of a 2 MB page cost 1-7x more
+    per byte than of 4 KB ones on the test machine (the kernel compacts memory to make the page): on a
+    benchmark run that outweighed the gain."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or not hasattr(buf, "madvise"):
         return
