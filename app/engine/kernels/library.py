@@ -24,6 +24,7 @@ SOURCES = (
     "qblock_matmul.c",
     "decode_layer.c",
     "bf16_matmul.c",
+    "bf16_gemm.c",
 )
 _ABI = {
     "small_matmul_abi_version": 2,
@@ -33,6 +34,7 @@ _ABI = {
     "qblock_matmul_abi_version": 1,
     "decode_layer_abi_version": 4,
     "bf16_matmul_abi_version": 2,
+    "bf16_gemm_abi_version": 1,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -84,6 +86,10 @@ _SIGNATURES: dict[str, list[type]] = {
     "decode_layer": [_ptr, _ptr, _ptr, _ptr, _int, _ptr],  # layer, step, x, residual, has_residual, out
     # x, ldx, w, ldw, y, ldy, M, K, N, out_f32, ...
     "bf16_matmul": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _int, _int, _int],
+    "bf16_gemm_packed_size": [_i64, _i64],  # N, K
+    "bf16_gemm_pack": [_ptr, _i64, _i64, _i64, _ptr],  # w, ldw, N, K, out
+    # x, ldx, packed, K, N, M, y, ldy, out_f32, ...
+    "bf16_gemm": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _int, _int, _int],
     "qblock_matmul": [
         *(_ptr, _i64, _i64, _i64),  # x, ldx, M, K
         *(_ptr, _ptr, _ptr, _int, _int, _int, _i64),  # codes, d, m, bits, offset, has_min, N
@@ -96,6 +102,7 @@ _RESTYPES: dict[str, type] = {
     "decode_layer": _int,
     "amx_request": _int,
     "qblock_scratch_bytes": _i64,
+    "bf16_gemm_packed_size": _i64,
 }  # the others return nothing
 # A step of at most this many tokens runs its products in small_matmul too (see matmul.MAX_ROWS), so every
 # kernel of it uses the kernels' own thread pool; larger steps run their products on oneDNN (or MKL) and every

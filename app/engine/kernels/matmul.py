@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -156,8 +156,9 @@ def bf16_linear(
 
     Used for every row count: at 1-16 rows the product streams half the bytes of float32 and runs 2-2.5x
     faster than the float32 C kernel on SmolLM2's shapes, at 64 rows and more the bfloat16 FLOPs win
-    (``scripts/engine_roofline.py --dtype bfloat16``). Up to ``BF16_MAX_ROWS`` rows with AVX512-BF16 and a
-    row-major weight it is our kernel (:func:`bf16_small_matmul`), oneDNN from there on."""
+    (``scripts/engine_roofline.py --dtype bfloat16``). With AVX512-BF16 it is our kernels: up to
+    ``BF16_MAX_ROWS`` rows :func:`bf16_small_matmul` on the row-major weight, from there on :func:`bf16_gemm`
+    on a packed copy; oneDNN where they do not apply."""
     op = _ONEDNN_LINEAR
     if (
         op is None
@@ -175,6 +176,8 @@ def bf16_linear(
         return None
     x = x.to(torch.bfloat16)
     product = bf16_small_matmul(x, weight)
+    if product is None:
+        product = bf16_gemm(x, weight)
     if product is None:
         packed = _packed(weight)
         if packed is None:
@@ -264,6 +267,54 @@ def int4_linear(
     if bias is not None:
         out = out.add_(bias.to(dtype))
     return out.view(*shape[:-1], packed.shape[0])
+
+
+def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, *, out_f32: bool = False) -> torch.Tensor | None:
+    """``x @ weight.T`` for more than ``BF16_MAX_ROWS`` bfloat16 rows by the C kernel ``bf16_gemm.c``
+    (AVX512-BF16, float32 sums over the dims in order), on a copy of ``weight`` packed on first use and kept on
+    it (repacked if the weight changes in place); in bfloat16 (rounded to nearest even) or float32. None when it
+    does not apply (no AVX512-BF16, an odd number of dims, a strided row).
+
+    A row's numbers do not depend on how many rows come with it (each output is one float32 sum in a fixed
+    order). They are oneDNN's but for the last bit of about 1 output in 20,000 (its order of sums), and the
+    kernel runs 1.1-1.4x faster than oneDNN's packed product on SmolLM2's layer shapes at 8-512 rows with the
+    weights coming from memory, as a model's do (``scripts/bench_bf16_matmul.py --rows 8,64,128``)."""
+    if x.dim() != 2 or x.shape[0] <= BF16_MAX_ROWS or x.dtype != torch.bfloat16 or x.stride(1) != 1:
+        return None
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.shape[1] % 2 or x.shape[1] != weight.shape[1]:
+        return None
+    if x.device.type != "cpu" or weight.device.type != "cpu" or not bf16_matmul_supported():
+        return None
+    lib = library.get()
+    packed = None if lib is None else _gemm_packed(weight, lib)
+    if lib is None or packed is None:
+        return None
+    rows, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(rows, n, dtype=torch.float32 if out_f32 else torch.bfloat16)
+    threads = torch.get_num_threads()
+    lib.bf16_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), k, n, rows, out.data_ptr(), n, int(out_f32),
+                  threads, library.use_pool(rows))
+    return out
+
+
+def _gemm_packed(weight: torch.Tensor, lib: Any) -> torch.Tensor | None:
+    """``weight`` packed for ``bf16_gemm.c``, made once and kept on the weight (as oneDNN's copy is)."""
+    cached = getattr(weight, "_inf_bf16_gemm_packed", None)
+    if cached is not None and cached[0] == weight._version:
+        return cast(torch.Tensor, cached[1])
+    with _pack_lock:
+        cached = getattr(weight, "_inf_bf16_gemm_packed", None)
+        if cached is not None and cached[0] == weight._version:
+            return cast(torch.Tensor, cached[1])
+        n, k = weight.shape
+        packed = torch.empty(lib.bf16_gemm_packed_size(n, k), dtype=torch.bfloat16)
+        source = weight.detach()
+        if source.stride(1) != 1:
+            source = source.contiguous()
+        lib.bf16_gemm_pack(source.data_ptr(), source.stride(0), n, k, packed.data_ptr())
+        weight._inf_bf16_gemm_packed = (weight._version, packed)  # type: ignore[attr-defined]
+        return packed
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:

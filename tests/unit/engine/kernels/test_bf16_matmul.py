@@ -68,7 +68,7 @@ def test_rows_with_a_stride_nan_and_infinity() -> None:
 
 
 @needs_bf16
-def test_bf16_linear_uses_it_for_few_rows_and_onednn_beyond() -> None:
+def test_bf16_linear_uses_it_for_few_rows_and_the_packed_gemm_beyond() -> None:
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
     b = torch.randn(96, generator=gen)
@@ -79,9 +79,11 @@ def test_bf16_linear_uses_it_for_few_rows_and_onednn_beyond() -> None:
     assert torch.equal(got, ours.float() + b)
     many = torch.randn(matmul.BF16_MAX_ROWS + 1, 64, generator=gen)
     assert matmul.bf16_small_matmul(many.to(torch.bfloat16), w) is None
-    onednn = matmul.bf16_linear(many, w, keep_bf16=True)
-    assert onednn is not None
-    torch.testing.assert_close(onednn.float(), reference(many.to(torch.bfloat16), w), rtol=1e-2, atol=5e-2)
+    batched = matmul.bf16_linear(many, w, keep_bf16=True)
+    packed = matmul.bf16_gemm(many.to(torch.bfloat16), w)
+    assert batched is not None and packed is not None
+    assert torch.equal(batched, packed)
+    torch.testing.assert_close(batched.float(), reference(many.to(torch.bfloat16), w), rtol=1e-2, atol=5e-2)
 
 
 def test_out_of_scope_inputs_give_none() -> None:
