@@ -8,7 +8,7 @@
  */
 #include <stdint.h>
 
-int decode_layer_abi_version(void) { return 4; }
+int decode_layer_abi_version(void) { return 5; }
 
 void add_rms_norm(const void* x, int64_t x_ld, float* residual, int64_t res_ld, int flags, const float* weight,
                   float eps, void* out, int64_t out_ld, int64_t rows, int64_t dim, int num_threads, int use_pool);
@@ -29,17 +29,16 @@ int qblock_matmul(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8
                   int64_t ldo, void* scratch, int isa, int threads, int use_pool);
 void small_matmul(const float* x, int64_t ldx, const float* w, const float* bias, float* y, int64_t ldy,
                   int64_t M, int64_t K, int64_t N, float* scratch, int num_threads, int use_pool);
-void bf16_matmul_then(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, void* y, int64_t ldy,
-                      int64_t M, int64_t K, int64_t N, int out_f32, const uint16_t* next_w, int64_t next_ldw,
-                      int64_t next_N, int num_threads, int use_pool);
+void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* packed, int64_t K, int64_t N, int64_t M, void* y,
+               int64_t ldy, int out_f32, int num_threads, int use_pool);
 
 enum { LINEAR_F32 = 0, LINEAR_QBLOCK = 1, LINEAR_BF16 = 2 };
 
 /* A projection: a float32 weight stored transposed ([in, out] contiguous, small_matmul's layout), a GGUF
- * block matrix (qblock_matmul's) or a bfloat16 weight [out, in] (bf16_matmul's, no bias). Field order matches
+ * block matrix (qblock_matmul's) or a bfloat16 weight packed for bf16_gemm (no bias). Field order matches
  * decode_layer.py's ctypes structures. */
 typedef struct {
-  const void* w; /* float32 W^T, the block codes, or bfloat16 W */
+  const void* w; /* float32 W^T, the block codes, or the packed bfloat16 W */
   const uint16_t* d;
   const uint16_t* m;
   const float* bias;
@@ -57,7 +56,6 @@ typedef struct {
   float eps, scale;
   int32_t kv_bf16;
   int32_t bf16_rows; /* bfloat16 weights: the rows between norms, products and attention are bfloat16 */
-  const dl_linear* next_qkv; /* the next layer's qkv projection (NULL for the last layer) */
 } dl_layer;
 
 /* What every layer of one step shares: the step's metadata and buffers (decode_layer.py allocates them). */
@@ -75,14 +73,11 @@ typedef struct {
   int32_t attn_mode; /* paged_decode_attention's bf16_values: 0 float32 values, 2 bfloat16 products */
 } dl_step;
 
-/* y = x @ p^T; `next` (or NULL): the projection that follows, whose first bytes a bfloat16 product fetches
- * ahead for the next call. */
-static int project(const dl_linear* p, const dl_step* s, const void* x, void* y, const dl_linear* next) {
+/* y = x @ p^T */
+static int project(const dl_linear* p, const dl_step* s, const void* x, void* y) {
   if (p->kind == LINEAR_BF16) {
-    const int chain = next && next->kind == LINEAR_BF16;
-    bf16_matmul_then((const uint16_t*)x, p->in, (const uint16_t*)p->w, p->in, y, p->out, s->tokens, p->in, p->out,
-                     0, chain ? (const uint16_t*)next->w : 0, chain ? next->in : 0, chain ? next->out : 0,
-                     s->threads, s->use_pool);
+    bf16_gemm((const uint16_t*)x, p->in, (const uint16_t*)p->w, p->in, p->out, s->tokens, y, p->out, 0, s->threads,
+              s->use_pool);
     return 0;
   }
   if (p->kind == LINEAR_QBLOCK)
@@ -109,17 +104,17 @@ int decode_layer(const dl_layer* L, const dl_step* s, const void* x, float* resi
   const int first_flags = has_residual | (b && has_residual) << 1 | b << 2, later_flags = 1 | b << 1 | b << 2;
   add_rms_norm(x, L->hidden, residual, L->hidden, first_flags, L->in_norm, L->eps, s->h, L->hidden, t, L->hidden,
                s->threads, s->use_pool);
-  if (project(&L->qkv, s, s->h, qkv, &L->o)) return 1;
+  if (project(&L->qkv, s, s->h, qkv)) return 1;
   rope_inplace(qkv, qkv_ld, s->cos, s->sin, hd / 2, t, L->heads + L->kv_heads, hd, b, s->threads, s->use_pool);
   write_kv(qkv + q_size * word, qkv_ld, qkv + (q_size + kv_size) * word, qkv_ld, s->slots, t, kv_size, L->k_cache,
            L->v_cache, L->kv_bf16, b, s->threads, s->use_pool);
   paged_decode_attention(qkv, qkv_ld, L->k_cache, L->v_cache, L->kv_bf16, s->attn_mode, b, s->tables, s->bt_stride,
                          s->context_lens, s->rows, s->seqs, L->heads, L->kv_heads, hd, L->block_size, L->scale,
                          s->attn, q_size, s->scratch, s->attn_per_thread, s->max_context, s->threads, s->use_pool);
-  if (project(&L->o, s, s->attn, out, &L->gate_up)) return 1;
+  if (project(&L->o, s, s->attn, out)) return 1;
   add_rms_norm(out, L->hidden, residual, L->hidden, later_flags, L->post_norm, L->eps, s->h, L->hidden, t,
                L->hidden, s->threads, s->use_pool);
-  if (project(&L->gate_up, s, s->h, s->gate_up, &L->down)) return 1;
+  if (project(&L->gate_up, s, s->h, s->gate_up)) return 1;
   silu_mul(s->gate_up, 2 * L->inter, s->mid, L->inter, t, L->inter, b, s->threads, s->use_pool);
-  return project(&L->down, s, s->mid, out, L->next_qkv);
+  return project(&L->down, s, s->mid, out);
 }

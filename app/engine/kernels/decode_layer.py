@@ -9,7 +9,6 @@ same arguments as the Python layer, so the numbers are the same bits.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ import torch
 
 import app.engine.kernels.library as library
 from app.engine.kernels.attention import bf16_attention_supported
-from app.engine.kernels.matmul import bf16_matmul_supported
+from app.engine.kernels.matmul import bf16_matmul_supported, gemm_packed
 from app.engine.kernels.qblock import QK, QBlockWeight, _scratch_floats, qblock_isa
 
 __all__ = [
@@ -26,7 +25,6 @@ __all__ = [
     "LayerWeights",
     "bf16_values_supported",
     "decode_layer_enabled",
-    "link_layers",
     "use_decode_layer",
 ]
 
@@ -50,7 +48,6 @@ class _Layer(ctypes.Structure):
         *(("hidden", _i64), ("inter", _i64), ("heads", _i64), ("kv_heads", _i64)),
         *(("head_dim", _i64), ("block_size", _i64), ("eps", _f32), ("scale", _f32)),
         *(("kv_bf16", _i32), ("bf16_rows", _i32)),
-        ("next_qkv", _p),  # the next layer's qkv _Linear (set by link_layers), for fetching ahead
     ]
 
 
@@ -104,9 +101,13 @@ def _linear_struct(lin: LayerWeights, in_features: int, out_features: int) -> _L
         return _Linear(*ptrs, in_features, out_features, _QBLOCK, q.bits, q.offset, int(q.has_min))
     w = lin.weight
     if w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.shape == (out_features, in_features):
-        if bias is not None or not w.is_contiguous() or not bf16_matmul_supported():  # bf16_matmul reads W rows
+        if bias is not None or in_features % 2 or not bf16_matmul_supported():
             return None
-        return _Linear(w.data_ptr(), None, None, None, in_features, out_features, _BF16, 0, 0, 0)
+        lib = library.get()
+        packed = None if lib is None else gemm_packed(w, lib)  # bf16_linear's copy: kept on the weight
+        if packed is None:
+            return None
+        return _Linear(packed.data_ptr(), None, None, None, in_features, out_features, _BF16, 0, 0, 0)
     if w.dtype != torch.float32 or w.device.type != "cpu" or w.shape != (out_features, in_features):
         return None
     if not w.t().is_contiguous():  # small_matmul reads W^T rows
@@ -193,13 +194,6 @@ class DecodeLayer:
         )
         keep = (norms, projections, kv_cache)
         return cls(struct, keep, all(p.qweight is not None for p in projections))
-
-
-def link_layers(layers: list[DecodeLayer]) -> None:
-    """Point each layer at the next one's qkv projection, so that its last product fetches the start of that
-    weight ahead (bf16_matmul_then). The structs live as long as the list's layers do."""
-    for layer, following in itertools.pairwise(layers):
-        layer.struct.next_qkv = ctypes.addressof(following.struct) + _Layer.qkv.offset
 
 
 class DecodeStepBuffers:

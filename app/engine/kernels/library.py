@@ -32,7 +32,7 @@ _ABI = {
     "prefill_attention_abi_version": 5,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
-    "decode_layer_abi_version": 4,
+    "decode_layer_abi_version": 5,
     "bf16_matmul_abi_version": 2,
     "bf16_gemm_abi_version": 1,
 }

@@ -189,8 +189,11 @@ def bf16_linear(
     return out if bias is None else out.add_(bias)
 
 
-# Up to this many rows a bfloat16 product runs in bf16_matmul.c (see bf16_small_matmul), from there on oneDNN.
-BF16_MAX_ROWS = 4
+# Up to this many rows a bfloat16 product runs in bf16_matmul.c (see bf16_small_matmul), from there on in
+# bf16_gemm.c. 0: bf16_gemm.c for every row count. On the AVX512-BF16 EPYC (Zen 5) of session 14 the packed
+# kernel was as fast or faster from 1 row on (scripts/bench_bf16_matmul.py: 1.0-1.15x at 1-4 rows, 1.1-3.5x at
+# 8-16), and one kernel for every batch size gives a row the same bits alone and in any batch.
+BF16_MAX_ROWS = 0
 
 
 @functools.cache
@@ -286,7 +289,7 @@ def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, *, out_f32: bool = False) -
     if x.device.type != "cpu" or weight.device.type != "cpu" or not bf16_matmul_supported():
         return None
     lib = library.get()
-    packed = None if lib is None else _gemm_packed(weight, lib)
+    packed = None if lib is None else gemm_packed(weight, lib)
     if lib is None or packed is None:
         return None
     rows, k = x.shape
@@ -298,8 +301,9 @@ def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, *, out_f32: bool = False) -
     return out
 
 
-def _gemm_packed(weight: torch.Tensor, lib: Any) -> torch.Tensor | None:
-    """``weight`` packed for ``bf16_gemm.c``, made once and kept on the weight (as oneDNN's copy is)."""
+def gemm_packed(weight: torch.Tensor, lib: Any) -> torch.Tensor | None:
+    """``weight`` (bfloat16 ``[out, in]``, ``in`` even) packed for ``bf16_gemm.c``, made once and kept on the
+    weight (as oneDNN's copy is): :func:`bf16_gemm` and the C decode layer share it."""
     cached = getattr(weight, "_inf_bf16_gemm_packed", None)
     if cached is not None and cached[0] == weight._version:
         return cast(torch.Tensor, cached[1])

@@ -11,7 +11,7 @@ from torch import nn
 from app.engine.attention import AttentionMetadata, AttentionWorkspace
 from app.engine.config import ModelConfig
 from app.engine.kernels.elementwise import argmax_ties
-from app.engine.kernels.matmul import BF16_MAX_ROWS, bf16_small_matmul
+from app.engine.kernels.matmul import bf16_gemm, bf16_matmul_supported, bf16_small_matmul
 from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
 from app.engine.models.layers import Linear, linear
 
@@ -119,10 +119,12 @@ class PagedCausalLM(nn.Module):
             logits = qblock_linear(hidden, self.lm_head_blocks)
             return qblock_reference(hidden, self.lm_head_blocks) if logits is None else logits
         head = self.lm_head_weight()
-        few_rows = hidden.dim() == 2 and hidden.shape[0] <= BF16_MAX_ROWS
-        if few_rows and head.dtype == torch.bfloat16 and hidden.dtype == torch.float32:
-            # our kernel's float32 sums, not rounded to bfloat16 (so no ties to refine either)
-            exact = bf16_small_matmul(hidden.to(torch.bfloat16), head, out_f32=True)
+        if head.dtype == torch.bfloat16 and hidden.dtype == torch.float32 and bf16_matmul_supported():
+            # our kernels' float32 sums, not rounded to bfloat16 (so no ties to refine either)
+            rows = hidden.to(torch.bfloat16)
+            exact = bf16_small_matmul(rows, head, out_f32=True)
+            if exact is None:
+                exact = bf16_gemm(rows, head, out_f32=True)
             if exact is not None:
                 return exact
         if out is None or head.dtype != hidden.dtype:

@@ -20,7 +20,6 @@ from app.engine.kernels.decode_layer import (
     LayerWeights,
     bf16_values_supported,
     decode_layer_enabled,
-    link_layers,
 )
 from app.engine.kernels.matmul import BF16_MAX_ROWS, MAX_ROWS, ONEDNN_MIN_ROWS
 from app.engine.models.base import PagedCausalLM, take
@@ -168,9 +167,10 @@ class LlamaForCausalLM(PagedCausalLM):
     def _decode_in_c(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A decode-only step of a few tokens with float32, bfloat16 or GGUF-block weights on CPU: each layer is
-        one C call running the layer's kernels (kernels/decode_layer.py), the same numbers without ~10 Python
-        wrappers per layer. Returns the last layer's output and the residual; None where it does not apply."""
+        """A decode-only step with float32 or GGUF-block weights (a few tokens) or bfloat16 weights (any number)
+        on CPU: each layer is one C call running the layer's kernels (kernels/decode_layer.py), the same numbers
+        without ~10 Python wrappers per layer. Returns the last layer's output and the residual; None where it
+        does not apply."""
         dec = attn.decode_index
         if dec is None or attn.prefills or attn.static_decode is not None:
             return None
@@ -181,11 +181,12 @@ class LlamaForCausalLM(PagedCausalLM):
         layers, all_blocks = self.decode_plan
         if not layers:
             return None
-        # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, bf16_matmul up to
-        # BF16_MAX_ROWS, blocks up to MAX_ROWS
+        # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, blocks up to MAX_ROWS,
+        # bf16_gemm at any row count past BF16_MAX_ROWS (bf16_matmul up to it, which the C layer does not run)
         bf16_rows = layers[0].bf16_rows
-        limit = BF16_MAX_ROWS if bf16_rows else MAX_ROWS if all_blocks else ONEDNN_MIN_ROWS - 1
-        if x.shape[0] > limit:
+        if bf16_rows and x.shape[0] <= BF16_MAX_ROWS:
+            return None
+        if not bf16_rows and x.shape[0] > (MAX_ROWS if all_blocks else ONEDNN_MIN_ROWS - 1):
             return None
         if bf16_rows and not attn.bf16_products:
             return None  # the Python layer would give its attention float32 rows
@@ -231,7 +232,6 @@ class LlamaForCausalLM(PagedCausalLM):
             if one is None:
                 return [], False
             built.append(one)
-        link_layers(built)
         return built, all(one.all_qblock for one in built)
 
     def linear_sources(self) -> dict[str, list[str]]:

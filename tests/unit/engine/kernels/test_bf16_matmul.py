@@ -1,5 +1,8 @@
 """Our few-row bfloat16 product (bf16_matmul.c, AVX512-BF16): float32 sums of the bfloat16 inputs, rounded as
-torch rounds, the same bits for a row whatever the row count, masked tails, and where it does not apply."""
+torch rounds, the same bits for a row whatever the row count, masked tails, and where it does not apply.
+
+bf16_linear gives it the rows up to ``matmul.BF16_MAX_ROWS``, which is 0 by default (the packed kernel,
+bf16_gemm.c, takes every row count): these tests set the limit to ``FEW`` rows."""
 
 from __future__ import annotations
 
@@ -14,6 +17,14 @@ needs_bf16 = pytest.mark.skipif(
 )
 
 
+FEW = 4
+
+
+@pytest.fixture(autouse=True)
+def few_row_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(matmul, "BF16_MAX_ROWS", FEW)
+
+
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The exact products of the bfloat16 values, summed in float64."""
     return (x.double() @ w.double().t()).float()
@@ -21,7 +32,7 @@ def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @needs_bf16
 @pytest.mark.parametrize(("n", "k"), [(37, 70), (64, 576), (960, 576), (8, 1536), (3, 33)])
-@pytest.mark.parametrize("rows", [1, 2, 3, matmul.BF16_MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, FEW])
 def test_float32_sums_of_the_bfloat16_inputs(n: int, k: int, rows: int) -> None:
     gen = torch.Generator().manual_seed(n * k + rows)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
@@ -39,7 +50,7 @@ def test_float32_sums_of_the_bfloat16_inputs(n: int, k: int, rows: int) -> None:
 def test_a_row_gives_the_same_bits_alone_and_with_others() -> None:
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(3072 + 5, 576, generator=gen).to(torch.bfloat16)  # every group size, and a tail
-    x = torch.randn(matmul.BF16_MAX_ROWS, 576, generator=gen).to(torch.bfloat16)
+    x = torch.randn(FEW, 576, generator=gen).to(torch.bfloat16)
     batch = matmul.bf16_small_matmul(x, w, out_f32=True)
     assert batch is not None
     for i in range(x.shape[0]):
@@ -77,7 +88,7 @@ def test_bf16_linear_uses_it_for_few_rows_and_the_packed_gemm_beyond() -> None:
     ours = matmul.bf16_small_matmul(few.to(torch.bfloat16), w)
     assert got is not None and ours is not None
     assert torch.equal(got, ours.float() + b)
-    many = torch.randn(matmul.BF16_MAX_ROWS + 1, 64, generator=gen)
+    many = torch.randn(FEW + 1, 64, generator=gen)
     assert matmul.bf16_small_matmul(many.to(torch.bfloat16), w) is None
     batched = matmul.bf16_linear(many, w, keep_bf16=True)
     packed = matmul.bf16_gemm(many.to(torch.bfloat16), w)

@@ -12,9 +12,10 @@ import pytest
 
 import app.engine.kernels as kernels
 from app.engine import LLMEngine, SamplingParams
-from app.engine.kernels import decode_layer
+from app.engine.kernels import decode_layer, matmul
 from app.engine.kernels.attention import bf16_attention_supported
-from app.engine.kernels.matmul import BF16_MAX_ROWS, bf16_matmul_supported
+from app.engine.kernels.matmul import bf16_matmul_supported
+from app.engine.models import llama
 from tests.unit.engine.runtime.conftest import random_prompts
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -185,20 +186,23 @@ def bf16_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
     )
 
 
-@pytest.mark.parametrize("count", [1, 2, BF16_MAX_ROWS])
+@pytest.mark.parametrize("count", [1, 2, 5, 17])
 def test_bfloat16_steps_match_the_python_layers_bit_for_bit(
     bf16_engine: LLMEngine, c_layer_steps: list[int], count: int
 ) -> None:
-    """Up to BF16_MAX_ROWS rows both run every product in bf16_matmul.c and keep the rows in bfloat16."""
+    """At any batch size both run every product in bf16_gemm.c and keep the rows in bfloat16."""
     if not (kernels.available() and bf16_matmul_supported() and bf16_attention_supported()):
         pytest.skip("needs the C kernels and AVX512-BF16")
     assert_c_matches_python(bf16_engine, random_prompts(count, 3, 20, seed=20 + count), c_layer_steps)
-    assert count in c_layer_steps and max(c_layer_steps) <= BF16_MAX_ROWS
+    assert count in c_layer_steps
 
 
-def test_bfloat16_steps_past_the_kernel_rows_stay_in_python(
-    bf16_engine: LLMEngine, c_layer_steps: list[int]
+def test_bfloat16_steps_of_the_few_row_kernel_stay_in_python(
+    bf16_engine: LLMEngine, c_layer_steps: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past BF16_MAX_ROWS the Python layer runs oneDNN's products: not taken there."""
-    outputs(bf16_engine, random_prompts(BF16_MAX_ROWS + 1, 3, 8, seed=30), in_c=True)
-    assert BF16_MAX_ROWS + 1 not in c_layer_steps
+    """Where the few-row kernel is given the first rows (BF16_MAX_ROWS > 0), the Python layer runs it and the C
+    layer, which runs bf16_gemm.c only, is not taken for those steps."""
+    monkeypatch.setattr(llama, "BF16_MAX_ROWS", 4)
+    monkeypatch.setattr(matmul, "BF16_MAX_ROWS", 4)
+    outputs(bf16_engine, random_prompts(3, 3, 8, seed=30), in_c=True)
+    assert 3 not in c_layer_steps
