@@ -5,8 +5,8 @@
  * (2i, 2i + 1) of its 64 columns, the operand layout of AVX512-BF16 `vdpbf16ps`. A micro-kernel keeps 6 rows x
  * 64 columns of float32 sums in 24 registers and runs over K once: per pair of dims, 4 loads of the panel, 6
  * broadcasts of x and 24 `vdpbf16ps`. Each thread takes a contiguous run of panels (one stream of weights per
- * thread, each panel read from memory once and reused from L2 by every group of 6 rows) and, with enough rows to
- * hide it, fetches its next panel into L2 while it computes the current one.
+ * thread, each panel read from memory once and reused from L2 by every group of 6 rows; see part()) and, with
+ * enough rows to hide it, fetches its next panel into L2 while it computes the current one.
  *
  * Every sum runs over K in order, pairs of dims at a time, into one float32 lane per output, then rounds to
  * bfloat16 (nearest even) or stays float32: a row's numbers do not depend on M, on its place in the batch or on
@@ -31,7 +31,7 @@
  * the weights' bytes and the extra fetches only compete with the panel being read (measured). */
 #define PREFETCH_MIN_ROWS 24
 
-int bf16_gemm_abi_version(void) { return 1; }
+int bf16_gemm_abi_version(void) { return 2; }
 
 /* Elements of W packed for N columns and K dims (K even). */
 int64_t bf16_gemm_packed_size(int64_t N, int64_t K) { return (N + NR - 1) / NR * NR * K; }
@@ -101,16 +101,17 @@ TGT static inline __attribute__((always_inline)) void micro(const gemm_job* j, c
     for (int c = 0; c < 4 && 16 * c < left; c++) store16(j, m + r, n0 + 16 * c, acc[r][c], left - 16 * c);
 }
 
-/* Every row times panel p; the next panel (if `next`) fetched into L2 meanwhile, a share per micro-kernel. */
-TGT static void panel(const gemm_job* j, int64_t p, int next) {
+/* Row groups [c0, c1) (of MR rows) times panel p; the next panel (if `next`) fetched into L2 meanwhile, a share
+ * per micro-kernel. */
+TGT static void panel(const gemm_job* j, int64_t p, int64_t c0, int64_t c1, int next) {
   const int64_t panel_words = j->K * NR;
   const uint16_t* bp = j->packed + p * panel_words;
   const char* ahead = (const char*)(bp + panel_words);
   int64_t lines = next && j->M >= PREFETCH_MIN_ROWS ? panel_words * 2 / 64 : 0;
-  int64_t calls = (j->M + MR - 1) / MR, share = (lines + calls - 1) / calls;
-  for (int64_t m = 0, c = 0; m < j->M; m += MR, c++) {
-    int64_t fetch = lines - share * c < share ? lines - share * c : share;
-    const char* at = ahead + 64 * share * c;
+  int64_t share = (lines + (c1 - c0) - 1) / (c1 - c0);
+  for (int64_t c = c0; c < c1; c++) {
+    int64_t m = c * MR, fetch = lines - share * (c - c0) < share ? lines - share * (c - c0) : share;
+    const char* at = ahead + 64 * share * (c - c0);
     if (fetch < 0) fetch = 0;
     switch (j->M - m < MR ? j->M - m : MR) {
       case 6: micro(j, bp, m, p * NR, at, fetch, 6); break;
@@ -123,21 +124,27 @@ TGT static void panel(const gemm_job* j, int64_t p, int next) {
   }
 }
 
-/* Part t of `parts`: a contiguous run of panels, the same split for every call. */
+/* Part t of `parts`: a contiguous run of the (panel, row group) units in panel order, the same split for every
+ * call. Whole panels would leave a thread a panel more than the other (9 panels of 576 outputs on 2 threads:
+ * 5 and 4); this way the parts differ by a micro-kernel at most and share at most a panel at their border. */
 static void part(void* arg, int64_t t) {
   const gemm_job* j = (const gemm_job*)arg;
-  int64_t panels = (j->N + NR - 1) / NR;
-  int64_t p0 = panels * t / j->parts, p1 = panels * (t + 1) / j->parts;
-  for (int64_t p = p0; p < p1; p++) panel(j, p, p + 1 < p1);
+  const int64_t groups = (j->M + MR - 1) / MR, units = (j->N + NR - 1) / NR * groups;
+  const int64_t u0 = units * t / j->parts, u1 = units * (t + 1) / j->parts;
+  for (int64_t u = u0; u < u1;) {
+    int64_t p = u / groups, c0 = u % groups, c1 = u1 - p * groups < groups ? u1 - p * groups : groups;
+    panel(j, p, c0, c1, (p + 1) * groups < u1);
+    u = p * groups + c1;
+  }
 }
 
 /* y [M, N] (row stride ldy; bfloat16, or float32 with out_f32) = x [M, K] (row stride ldx) @ W^T, W packed by
  * bf16_gemm_pack; all bfloat16 as raw 16-bit words, K even. */
 void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* packed, int64_t K, int64_t N, int64_t M, void* y,
                int64_t ldy, int out_f32, int num_threads, int use_pool) {
-  int64_t panels = (N + NR - 1) / NR;
+  int64_t units = (N + NR - 1) / NR * ((M + MR - 1) / MR);
   int parts = num_threads < 1 ? 1 : num_threads;
-  if (parts > panels) parts = (int)panels;
+  if (parts > units) parts = (int)units;
   gemm_job job = {x, ldx, packed, K, N, M, y, ldy, out_f32, parts};
   parallel_for(parts, part, &job, num_threads, use_pool);
 }

@@ -34,7 +34,7 @@ _ABI = {
     "qblock_matmul_abi_version": 1,
     "decode_layer_abi_version": 5,
     "bf16_matmul_abi_version": 2,
-    "bf16_gemm_abi_version": 1,
+    "bf16_gemm_abi_version": 2,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
