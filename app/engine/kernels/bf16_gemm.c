@@ -23,32 +23,50 @@
 #include <string.h>
 
 #include "threadpool.h"
+#include "vec_math.h"
 
-#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
 #define NR 64 /* output columns per panel */
 #define MR 6  /* rows per micro-kernel call */
 /* From this many rows on the next panel is fetched during the current one: with fewer, the product is bound by
  * the weights' bytes and the extra fetches only compete with the panel being read (measured). */
 #define PREFETCH_MIN_ROWS 24
 
-int bf16_gemm_abi_version(void) { return 2; }
+int bf16_gemm_abi_version(void) { return 3; }
 
 /* Elements of W packed for N columns and K dims (K even). */
 int64_t bf16_gemm_packed_size(int64_t N, int64_t K) { return (N + NR - 1) / NR * NR * K; }
 
-/* W [N, K] (row stride ldw, bfloat16 words) into `out` (bf16_gemm_packed_size(N, K) words); columns past N
- * (the last panel's padding) are zero. K must be even. */
-void bf16_gemm_pack(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, uint16_t* out) {
+/* The weight row behind column c of panel p: W's row p * NR + c, or (inter > 0, a fused [gate | up] weight of
+ * 2 * inter rows packed for bf16_gemm_swiglu) gate row 32p + c for c < 32 and up row inter + 32p + c - 32. */
+static inline int64_t packed_row(int64_t p, int64_t c, int64_t inter) {
+  if (!inter) return p * NR + c;
+  return c < NR / 2 ? p * (NR / 2) + c : inter + p * (NR / 2) + c - NR / 2;
+}
+
+static void pack(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, uint16_t* out, int64_t inter) {
   int64_t pairs = K / 2, panels = (N + NR - 1) / NR;
   for (int64_t p = 0; p < panels; p++)
     for (int64_t i = 0; i < pairs; i++) {
       uint16_t* dst = out + (p * pairs + i) * NR * 2;
       for (int64_t c = 0; c < NR; c++) {
-        int64_t n = p * NR + c;
-        dst[2 * c] = n < N ? w[n * ldw + 2 * i] : 0;
-        dst[2 * c + 1] = n < N ? w[n * ldw + 2 * i + 1] : 0;
+        int64_t n = p * NR + c, row = packed_row(p, c, inter);
+        dst[2 * c] = n < N ? w[row * ldw + 2 * i] : 0;
+        dst[2 * c + 1] = n < N ? w[row * ldw + 2 * i + 1] : 0;
       }
     }
+}
+
+/* W [N, K] (row stride ldw, bfloat16 words) into `out` (bf16_gemm_packed_size(N, K) words); columns past N
+ * (the last panel's padding) are zero. K must be even. */
+void bf16_gemm_pack(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, uint16_t* out) {
+  pack(w, ldw, N, K, out, 0);
+}
+
+/* A fused [gate | up] weight W [2 * inter, K] for bf16_gemm_swiglu: each panel holds 32 gate columns and the
+ * 32 up columns of the same outputs. inter % 32 == 0, K even; bf16_gemm_packed_size(2 * inter, K) words. */
+void bf16_gemm_pack_swiglu(const uint16_t* w, int64_t ldw, int64_t inter, int64_t K, uint16_t* out) {
+  pack(w, ldw, 2 * inter, K, out, inter);
 }
 
 typedef struct {
@@ -58,7 +76,7 @@ typedef struct {
   int64_t K, N, M;
   void* y;
   int64_t ldy;
-  int out_f32, parts;
+  int out_f32, parts, swiglu; /* swiglu: y [M, N / 2] = SwiGLU of the fused [gate | up] product */
 } gemm_job;
 
 /* Columns [n, n + 16) of row r, of which `valid` (1-16) exist. */
@@ -68,6 +86,12 @@ TGT static inline void store16(const gemm_job* j, int64_t r, int64_t n, __m512 v
     _mm512_mask_storeu_ps((float*)j->y + r * j->ldy + n, mask, v);
   else /* nearest even, as oneDNN and torch round */
     _mm256_mask_storeu_epi16((uint16_t*)j->y + r * j->ldy + n, mask, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+/* Sixteen sums rounded to bfloat16 as store16 rounds them, widened back to float32 (exactly). */
+TGT static inline __m512 rounded_bf16(__m512 v) {
+  __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
 /* Rows [m, m + R) x the 64 columns of panel `bp` (column n0 onward); `fetch` lines of the next panel from
@@ -95,6 +119,14 @@ TGT static inline __attribute__((always_inline)) void micro(const gemm_job* j, c
       acc[r][2] = _mm512_dpbf16_ps(acc[r][2], ar, b2);
       acc[r][3] = _mm512_dpbf16_ps(acc[r][3], ar, b3);
     }
+  }
+  if (j->swiglu) { /* gate and up rounded as the unfused product gives them, then silu_mul's arithmetic */
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < 2; c++) {
+        __m512 g = rounded_bf16(acc[r][c]), u = rounded_bf16(acc[r][c + 2]);
+        store16_bf16((uint16_t*)j->y + (m + r) * j->ldy + n0 / 2 + 16 * c, swiglu16(g, u));
+      }
+    return;
   }
   int64_t left = j->N - n0;
   for (int r = 0; r < R; r++)
@@ -145,6 +177,18 @@ void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* packed, int64_t K
   int64_t units = (N + NR - 1) / NR * ((M + MR - 1) / MR);
   int parts = num_threads < 1 ? 1 : num_threads;
   if (parts > units) parts = (int)units;
-  gemm_job job = {x, ldx, packed, K, N, M, y, ldy, out_f32, parts};
+  gemm_job job = {x, ldx, packed, K, N, M, y, ldy, out_f32, parts, 0};
+  parallel_for(parts, part, &job, num_threads, use_pool);
+}
+
+/* y [M, inter] (row stride ldy, bfloat16) = silu(x @ G^T) * (x @ U^T) for a fused [gate | up] weight packed by
+ * bf16_gemm_pack_swiglu: the bits of bf16_gemm (bfloat16 out) followed by silu_mul (elementwise.c, AVX-512),
+ * without writing the [M, 2 * inter] product out and reading it back. */
+void bf16_gemm_swiglu(const uint16_t* x, int64_t ldx, const uint16_t* packed, int64_t K, int64_t inter, int64_t M,
+                      uint16_t* y, int64_t ldy, int num_threads, int use_pool) {
+  int64_t units = 2 * inter / NR * ((M + MR - 1) / MR);
+  int parts = num_threads < 1 ? 1 : num_threads;
+  if (parts > units) parts = (int)units;
+  gemm_job job = {x, ldx, packed, K, 2 * inter, M, y, ldy, 0, parts, 1};
   parallel_for(parts, part, &job, num_threads, use_pool);
 }

@@ -8,7 +8,7 @@
  */
 #include <stdint.h>
 
-int decode_layer_abi_version(void) { return 5; }
+int decode_layer_abi_version(void) { return 6; }
 
 void add_rms_norm(const void* x, int64_t x_ld, float* residual, int64_t res_ld, int flags, const float* weight,
                   float eps, void* out, int64_t out_ld, int64_t rows, int64_t dim, int num_threads, int use_pool);
@@ -31,8 +31,11 @@ void small_matmul(const float* x, int64_t ldx, const float* w, const float* bias
                   int64_t M, int64_t K, int64_t N, float* scratch, int num_threads, int use_pool);
 void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* packed, int64_t K, int64_t N, int64_t M, void* y,
                int64_t ldy, int out_f32, int num_threads, int use_pool);
+void bf16_gemm_swiglu(const uint16_t* x, int64_t ldx, const uint16_t* packed, int64_t K, int64_t inter, int64_t M,
+                      uint16_t* y, int64_t ldy, int num_threads, int use_pool);
 
-enum { LINEAR_F32 = 0, LINEAR_QBLOCK = 1, LINEAR_BF16 = 2 };
+/* LINEAR_BF16_SWIGLU: the gate_up projection packed for bf16_gemm_swiglu, which also applies SwiGLU */
+enum { LINEAR_F32 = 0, LINEAR_QBLOCK = 1, LINEAR_BF16 = 2, LINEAR_BF16_SWIGLU = 3 };
 
 /* A projection: a float32 weight stored transposed ([in, out] contiguous, small_matmul's layout), a GGUF
  * block matrix (qblock_matmul's) or a bfloat16 weight packed for bf16_gemm (no bias). Field order matches
@@ -114,7 +117,12 @@ int decode_layer(const dl_layer* L, const dl_step* s, const void* x, float* resi
   if (project(&L->o, s, s->attn, out)) return 1;
   add_rms_norm(out, L->hidden, residual, L->hidden, later_flags, L->post_norm, L->eps, s->h, L->hidden, t,
                L->hidden, s->threads, s->use_pool);
-  if (project(&L->gate_up, s, s->h, s->gate_up)) return 1;
-  silu_mul(s->gate_up, 2 * L->inter, s->mid, L->inter, t, L->inter, b, s->threads, s->use_pool);
+  if (L->gate_up.kind == LINEAR_BF16_SWIGLU) {
+    bf16_gemm_swiglu((const uint16_t*)s->h, L->hidden, (const uint16_t*)L->gate_up.w, L->hidden, L->inter, t,
+                     (uint16_t*)s->mid, L->inter, s->threads, s->use_pool);
+  } else {
+    if (project(&L->gate_up, s, s->h, s->gate_up)) return 1;
+    silu_mul(s->gate_up, 2 * L->inter, s->mid, L->inter, t, L->inter, b, s->threads, s->use_pool);
+  }
   return project(&L->down, s, s->mid, out);
 }

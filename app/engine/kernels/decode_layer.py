@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 _MAX_QBLOCKS = 1024  # qblock_matmul.c's MAX_BLOCKS
-_F32, _QBLOCK, _BF16 = 0, 1, 2  # decode_layer.c's LINEAR_* kinds
+_F32, _QBLOCK, _BF16, _BF16_SWIGLU = 0, 1, 2, 3  # decode_layer.c's LINEAR_* kinds
 _p, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 
 
@@ -104,9 +104,9 @@ def _linear_struct(lin: LayerWeights, in_features: int, out_features: int) -> _L
         if bias is not None or in_features % 2 or not bf16_matmul_supported():
             return None
         lib = library.get()
-        packed = None if lib is None else gemm_packed(w, lib)  # bf16_linear's copy: kept on the weight
-        if packed is None:
+        if lib is None:
             return None
+        packed = gemm_packed(w, lib)  # bf16_linear's copy: kept on the weight
         return _Linear(packed.data_ptr(), None, None, None, in_features, out_features, _BF16, 0, 0, 0)
     if w.dtype != torch.float32 or w.device.type != "cpu" or w.shape != (out_features, in_features):
         return None
@@ -175,6 +175,12 @@ class DecodeLayer:
         bf16_rows = _BF16 in kinds
         if bf16_rows and (kinds != {_BF16} or kv_cache.dtype != torch.bfloat16):
             return None  # bfloat16 rows need every product in bfloat16 and the bfloat16 attention
+        gate_up = linears[2]
+        if bf16_rows and gate_up is not None and inter % 32 == 0:  # the fused SwiGLU, as bf16_swiglu_mlp runs it
+            lib = library.get()
+            assert lib is not None  # the bfloat16 structs above needed it
+            gate_up.w = gemm_packed(projections[2].weight, lib, swiglu=True).data_ptr()
+            gate_up.kind = _BF16_SWIGLU
         struct = _Layer(
             norms[0].data_ptr(),
             norms[1].data_ptr(),

@@ -154,18 +154,8 @@ TGT512 static inline __m512 load16_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-TGT512 static inline void store16_bf16(uint16_t* p, __m512 x) { /* as store8_bf16 */
-  __m512i bits = _mm512_castps_si512(x);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(rounded));
-}
-
 TGT512 static inline __attribute__((always_inline)) void swiglu_rows512(const swiglu_job* j, int64_t r0, int64_t r1,
                                                                         int bf16) {
-  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
   const int64_t wide = j->inter / 16 * 16;
   for (int64_t r = r0; r < r1; r++) {
     for (int64_t k = 0; k < wide; k += 16) {
@@ -179,10 +169,7 @@ TGT512 static inline __attribute__((always_inline)) void swiglu_rows512(const sw
         x = _mm512_loadu_ps(g + k);
         up = _mm512_loadu_ps(g + j->inter + k);
       }
-      __m512 t = exp512_nonpositive(_mm512_or_ps(x, sign));
-      __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, t));
-      __m512 sig = _mm512_mask_blend_ps(_mm512_movepi32_mask(_mm512_castps_si512(x)), inv, _mm512_mul_ps(t, inv));
-      __m512 y = _mm512_mul_ps(_mm512_mul_ps(x, sig), up);
+      __m512 y = swiglu16(x, up);
       if (bf16)
         store16_bf16((uint16_t*)j->out + r * j->out_ld + k, y);
       else

@@ -32,9 +32,9 @@ _ABI = {
     "prefill_attention_abi_version": 5,
     "elementwise_abi_version": 9,
     "qblock_matmul_abi_version": 1,
-    "decode_layer_abi_version": 5,
+    "decode_layer_abi_version": 6,
     "bf16_matmul_abi_version": 2,
-    "bf16_gemm_abi_version": 2,
+    "bf16_gemm_abi_version": 3,
 }
 
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -88,6 +88,9 @@ _SIGNATURES: dict[str, list[type]] = {
     "bf16_matmul": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _int, _int, _int],
     "bf16_gemm_packed_size": [_i64, _i64],  # N, K
     "bf16_gemm_pack": [_ptr, _i64, _i64, _i64, _ptr],  # w, ldw, N, K, out
+    "bf16_gemm_pack_swiglu": [_ptr, _i64, _i64, _i64, _ptr],  # w, ldw, inter, K, out
+    # x, ldx, packed, K, inter, M, y, ldy, ...
+    "bf16_gemm_swiglu": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _int, _int],
     # x, ldx, packed, K, N, M, y, ldy, out_f32, ...
     "bf16_gemm": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _int, _int, _int],
     "qblock_matmul": [

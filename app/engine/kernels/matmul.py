@@ -289,9 +289,9 @@ def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, *, out_f32: bool = False) -
     if x.device.type != "cpu" or weight.device.type != "cpu" or not bf16_matmul_supported():
         return None
     lib = library.get()
-    packed = None if lib is None else gemm_packed(weight, lib)
-    if lib is None or packed is None:
+    if lib is None:
         return None
+    packed = gemm_packed(weight, lib)
     rows, k = x.shape
     n = weight.shape[0]
     out = torch.empty(rows, n, dtype=torch.float32 if out_f32 else torch.bfloat16)
@@ -301,14 +301,40 @@ def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, *, out_f32: bool = False) -
     return out
 
 
-def gemm_packed(weight: torch.Tensor, lib: Any) -> torch.Tensor | None:
+def bf16_swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor | None:
+    """``silu(x @ gate.T) * (x @ up.T)`` in bfloat16 for a fused bfloat16 ``gate_up`` weight ``[2 * inter, in]``
+    (gate rows first): the bits of :func:`bf16_gemm` (bfloat16 out) followed by ``kernels.silu_mul``, in one
+    pass of ``bf16_gemm.c`` that never writes the ``[rows, 2 * inter]`` product out (the widest tensor of a
+    layer, written and read back once per step). None where :func:`bf16_gemm` does not apply or ``inter`` is
+    not a multiple of 32."""
+    if x.dim() != 2 or x.shape[0] <= BF16_MAX_ROWS or x.dtype != torch.bfloat16 or x.stride(1) != 1:
+        return None
+    if gate_up.dtype != torch.bfloat16 or gate_up.dim() != 2 or gate_up.shape[0] % 64 or gate_up.shape[1] % 2:
+        return None
+    if x.shape[1] != gate_up.shape[1] or x.device.type != "cpu" or gate_up.device.type != "cpu":
+        return None
+    lib = library.get()
+    if lib is None or not bf16_matmul_supported():
+        return None
+    packed = gemm_packed(gate_up, lib, swiglu=True)
+    rows, k = x.shape
+    inter = gate_up.shape[0] // 2
+    out = torch.empty(rows, inter, dtype=torch.bfloat16)
+    lib.bf16_gemm_swiglu(x.data_ptr(), x.stride(0), packed.data_ptr(), k, inter, rows, out.data_ptr(), inter,
+                         torch.get_num_threads(), library.use_pool(rows))
+    return out
+
+
+def gemm_packed(weight: torch.Tensor, lib: Any, *, swiglu: bool = False) -> torch.Tensor:
     """``weight`` (bfloat16 ``[out, in]``, ``in`` even) packed for ``bf16_gemm.c``, made once and kept on the
-    weight (as oneDNN's copy is): :func:`bf16_gemm` and the C decode layer share it."""
-    cached = getattr(weight, "_inf_bf16_gemm_packed", None)
+    weight (as oneDNN's copy is): :func:`bf16_gemm` and the C decode layer share it. ``swiglu``: a fused
+    ``[gate | up]`` weight packed for :func:`bf16_swiglu` instead (``out`` a multiple of 64)."""
+    name = "_inf_bf16_swiglu_packed" if swiglu else "_inf_bf16_gemm_packed"
+    cached = getattr(weight, name, None)
     if cached is not None and cached[0] == weight._version:
         return cast(torch.Tensor, cached[1])
     with _pack_lock:
-        cached = getattr(weight, "_inf_bf16_gemm_packed", None)
+        cached = getattr(weight, name, None)
         if cached is not None and cached[0] == weight._version:
             return cast(torch.Tensor, cached[1])
         n, k = weight.shape
@@ -316,8 +342,11 @@ def gemm_packed(weight: torch.Tensor, lib: Any) -> torch.Tensor | None:
         source = weight.detach()
         if source.stride(1) != 1:
             source = source.contiguous()
-        lib.bf16_gemm_pack(source.data_ptr(), source.stride(0), n, k, packed.data_ptr())
-        weight._inf_bf16_gemm_packed = (weight._version, packed)  # type: ignore[attr-defined]
+        if swiglu:
+            lib.bf16_gemm_pack_swiglu(source.data_ptr(), source.stride(0), n // 2, k, packed.data_ptr())
+        else:
+            lib.bf16_gemm_pack(source.data_ptr(), source.stride(0), n, k, packed.data_ptr())
+        setattr(weight, name, (weight._version, packed))
         return packed
 
 

@@ -73,4 +73,24 @@ static inline uint16_t f32_to_bf16(float f) {
   return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+/* Sixteen float32 lanes rounded to bfloat16 bits, to nearest even, NaN kept quiet (f32_to_bf16 lane by lane). */
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) static inline void store16_bf16(uint16_t* p, __m512 x) {
+  __m512i bits = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(rounded));
+}
+
+/* SwiGLU sixteen lanes wide, silu(x) * up in float32: the sigmoid from e^-|x| (never overflows), the same
+ * operations wherever it is used (elementwise.c's silu_mul, bf16_gemm.c's fused epilogue), so the same bits. */
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static inline __m512 swiglu16(__m512 x, __m512 up) {
+  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+  __m512 t = exp512_nonpositive(_mm512_or_ps(x, sign));
+  __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, t));
+  __m512 sig = _mm512_mask_blend_ps(_mm512_movepi32_mask(_mm512_castps_si512(x)), inv, _mm512_mul_ps(t, inv));
+  return _mm512_mul_ps(_mm512_mul_ps(x, sig), up);
+}
+
 #endif

@@ -8,7 +8,7 @@ from torch import nn
 
 import app.engine.kernels as kernels
 from app.engine.kernels import small_matmul
-from app.engine.kernels.matmul import bf16_linear, int4_linear, int8_linear, onednn_linear
+from app.engine.kernels.matmul import bf16_linear, bf16_swiglu, int4_linear, int8_linear, onednn_linear
 from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
 
 
@@ -147,11 +147,16 @@ def bf16_swiglu_mlp(
     bfloat16 ``down`` without bias returns its product in bfloat16. None when it does not apply."""
     if x.dtype not in (torch.float32, torch.bfloat16) or gate_up.bias is not None or gate_up.qweight is not None:
         return None
-    gu = _bf16_product(x, gate_up)
-    if gu is None:
-        return None
-    h = kernels.silu_mul(gu)
-    mid = silu_mul(gu.float()) if h is None else h
+    # bfloat16 weights: product and SwiGLU in one pass where the kernel takes them (the same bits)
+    mid = None
+    if gate_up.scales is None and gate_up.weight.dtype == torch.bfloat16:
+        mid = bf16_swiglu(x.to(torch.bfloat16), gate_up.weight)
+    if mid is None:
+        gu = _bf16_product(x, gate_up)
+        if gu is None:
+            return None
+        h = kernels.silu_mul(gu)
+        mid = silu_mul(gu.float()) if h is None else h
     if down.group_size and down.scales is not None:
         return int4_linear(mid, down.weight, down.scales, down.group_size, down.bias, torch.float32)
     if down.scales is None and down.weight.dtype == torch.bfloat16:

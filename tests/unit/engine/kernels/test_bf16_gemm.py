@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from app.engine import kernels
 from app.engine.kernels import library, matmul
 
 needs_bf16 = pytest.mark.skipif(
@@ -80,6 +81,27 @@ def test_within_a_last_bit_of_onednn_on_a_model_shape() -> None:
     assert differ.float().mean().item() < 1e-3  # their order of sums differs, rarely the rounded result
     ulp = (onednn.float().abs() * 2.0**-7).clamp(min=1e-30)
     assert ((ours.float() - onednn.float()).abs() <= ulp).all()
+
+
+@needs_bf16
+@pytest.mark.parametrize(("inter", "k"), [(32, 64), (96, 576), (1536, 576)])
+@pytest.mark.parametrize("rows", [1, 5, 13, 64])
+def test_fused_swiglu_gives_the_bits_of_the_product_then_silu_mul(inter: int, k: int, rows: int) -> None:
+    x, w = inputs(rows, 2 * inter, k, seed=rows + inter)
+    fused = matmul.bf16_swiglu(x, w)
+    product = matmul.bf16_gemm(x, w)
+    assert fused is not None and product is not None
+    unfused = kernels.silu_mul(product)
+    assert unfused is not None and torch.equal(fused, unfused)
+    w.mul_(-1)  # the fused copy follows the weight too
+    again = matmul.bf16_swiglu(x, w)
+    flipped = kernels.silu_mul(matmul.bf16_gemm(x, w))  # type: ignore[arg-type]
+    assert again is not None and flipped is not None and torch.equal(again, flipped)
+
+
+def test_fused_swiglu_needs_a_width_of_whole_panels() -> None:
+    x, w = inputs(8, 2 * 40, 64, seed=3)  # inter 40: not a multiple of 32
+    assert matmul.bf16_swiglu(x, w) is None
 
 
 def test_where_it_does_not_apply(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -152,10 +152,11 @@ def test_a_struct_is_refused_where_a_kernel_would_not_run(tmp_path: Path) -> Non
     assert layer is None
 
 
-@pytest.fixture(scope="module")
-def bf16_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
-    """bfloat16 weights (row-major, bf16_matmul.c), a bfloat16 KV cache and bfloat16 rows between the kernels;
-    head_dim 32, which the bfloat16 attention products need."""
+@pytest.fixture(scope="module", params=[152, 160], ids=["mlp152", "mlp160-fused-swiglu"])
+def bf16_engine(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> LLMEngine:
+    """bfloat16 weights (packed, bf16_gemm.c), a bfloat16 KV cache and bfloat16 rows between the kernels;
+    head_dim 32, which the bfloat16 attention products need. An MLP width of 152 (not a multiple of 32) runs
+    the gate_up product, then SwiGLU; 160 runs them fused (bf16_gemm_swiglu)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -167,7 +168,7 @@ def bf16_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
     cfg = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=64,
-        intermediate_size=152,  # 4 whole chunks of 32 and a masked tail of 24
+        intermediate_size=request.param,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
@@ -176,7 +177,7 @@ def bf16_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
         bos_token_id=1,
         eos_token_id=2,
     )
-    folder = save_hf_model(LlamaForCausalLM(cfg).eval(), tmp_path_factory.mktemp("bf16_decode_layer"), None)
+    folder = save_hf_model(LlamaForCausalLM(cfg).eval(), tmp_path_factory.mktemp(f"bf16_decode_layer_{request.param}"), None)
     return LLMEngine.from_loaded(
         *load_model(folder, dtype=torch.bfloat16),
         kv_cache_memory_bytes=1 << 22,
