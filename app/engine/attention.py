@@ -97,9 +97,9 @@ def _ask_for_huge_pages(buf: mmap.mmap) -> None:
 
     Not used for the KV cache. Its decode attention kernel ran 1.1-1.2x faster on 2 MB pages (fewer TLB misses
     on scattered blocks: ``scripts/bench_decode_attention.py --pages``), but the engine touches fresh blocks
-    all along (cached ones are kept while empty ones remain), and a first touch of a 2 MB page cost 1-7x more
-    per byte than of 4 KB ones on the test machine (the kernel compacts memory to make the page): on a
-    benchmark run that outweighed the gain."""
+    all along (cached ones are kept while empty ones remain), and a first touch of a 2 MB page cost 1.5-6.5x
+    more per byte than of 4 KB ones on the test machine (likely the kernel compacting memory to make the page):
+    on a benchmark run that outweighed the gain."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or not hasattr(buf, "madvise"):
         return

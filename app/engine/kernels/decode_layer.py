@@ -30,6 +30,7 @@ __all__ = [
 
 _MAX_QBLOCKS = 1024  # qblock_matmul.c's MAX_BLOCKS
 _F32, _QBLOCK, _BF16, _BF16_SWIGLU = 0, 1, 2, 3  # decode_layer.c's LINEAR_* kinds
+_BF16_KINDS = {_BF16, _BF16_SWIGLU}
 _p, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 
 
@@ -85,7 +86,11 @@ class LayerWeights:
     bias: torch.Tensor | None
 
 
-def _linear_struct(lin: LayerWeights, in_features: int, out_features: int) -> _Linear | None:
+def _linear_struct(
+    lin: LayerWeights, in_features: int, out_features: int, *, swiglu: bool = False
+) -> _Linear | None:
+    """``swiglu``: the fused gate_up projection of an MLP whose width is a multiple of 32; a bfloat16 one is
+    packed for bf16_gemm_swiglu (product and SwiGLU in one pass), as the Python layer runs it."""
     bias = lin.bias
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.device.type != "cpu"):
         return None
@@ -106,8 +111,9 @@ def _linear_struct(lin: LayerWeights, in_features: int, out_features: int) -> _L
         lib = library.get()
         if lib is None:
             return None
-        packed = gemm_packed(w, lib)  # bf16_linear's copy: kept on the weight
-        return _Linear(packed.data_ptr(), None, None, None, in_features, out_features, _BF16, 0, 0, 0)
+        packed = gemm_packed(w, lib, swiglu=swiglu)  # the Python layer's copy: kept on the weight
+        kind = _BF16_SWIGLU if swiglu else _BF16
+        return _Linear(packed.data_ptr(), None, None, None, in_features, out_features, kind, 0, 0, 0)
     if w.dtype != torch.float32 or w.device.type != "cpu" or w.shape != (out_features, in_features):
         return None
     if not w.t().is_contiguous():  # small_matmul reads W^T rows
@@ -168,19 +174,16 @@ class DecodeLayer:
             return None
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
         shapes = ((hidden, q_size + 2 * kv_size), (q_size, hidden), (hidden, 2 * inter), (inter, hidden))
-        linears = [_linear_struct(p, k, n) for p, (k, n) in zip(projections, shapes, strict=True)]
+        linears = [
+            _linear_struct(p, k, n, swiglu=i == 2 and inter % 32 == 0)
+            for i, (p, (k, n)) in enumerate(zip(projections, shapes, strict=True))
+        ]
         if any(lin is None for lin in linears):
             return None
         kinds = {lin.kind for lin in linears if lin is not None}
-        bf16_rows = _BF16 in kinds
-        if bf16_rows and (kinds != {_BF16} or kv_cache.dtype != torch.bfloat16):
+        bf16_rows = bool(kinds & _BF16_KINDS)
+        if bf16_rows and (not kinds <= _BF16_KINDS or kv_cache.dtype != torch.bfloat16):
             return None  # bfloat16 rows need every product in bfloat16 and the bfloat16 attention
-        gate_up = linears[2]
-        if bf16_rows and gate_up is not None and inter % 32 == 0:  # the fused SwiGLU, as bf16_swiglu_mlp runs it
-            lib = library.get()
-            assert lib is not None  # the bfloat16 structs above needed it
-            gate_up.w = gemm_packed(projections[2].weight, lib, swiglu=True).data_ptr()
-            gate_up.kind = _BF16_SWIGLU
         struct = _Layer(
             norms[0].data_ptr(),
             norms[1].data_ptr(),

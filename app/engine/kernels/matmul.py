@@ -191,7 +191,7 @@ def bf16_linear(
 
 # Up to this many rows a bfloat16 product runs in bf16_matmul.c (see bf16_small_matmul), from there on in
 # bf16_gemm.c. 0: bf16_gemm.c for every row count. On the AVX512-BF16 EPYC (Zen 5) of session 14 the packed
-# kernel was as fast or faster from 1 row on (scripts/bench_bf16_matmul.py: 1.0-1.15x at 1-4 rows, 1.1-3.5x at
+# kernel was about as fast or faster from 1 row on (scripts/bench_bf16_matmul.py: 0.95-1.15x at 1-4 rows, 1.1-3.5x at
 # 8-16), and one kernel for every batch size gives a row the same bits alone and in any batch.
 BF16_MAX_ROWS = 0
 
@@ -207,7 +207,8 @@ def bf16_small_matmul(x: torch.Tensor, weight: torch.Tensor, *, out_f32: bool = 
     """``x @ weight.T`` for at most ``BF16_MAX_ROWS`` bfloat16 rows and a row-major bfloat16 ``weight`` ``[out,
     in]`` by the C kernel (AVX512-BF16, float32 sums), in bfloat16 (rounded to nearest even, as oneDNN gives it)
     or float32; None when it does not apply. It streams the weight as stored: 1.25-1.66x faster than oneDNN's
-    packed product at 1-2 rows on SmolLM2's shapes, about level at 4 (``scripts/bench_bf16_matmul.py``), and
+    packed product at 1-2 rows on SmolLM2's shapes, about level at 4, on session 13's AVX512-BF16 EPYC
+    (``scripts/bench_bf16_matmul.py``; bf16_gemm took over on session 14's host, see BF16_MAX_ROWS), and
     every row comes out the same bits whatever the number of rows."""
     if x.dim() != 2 or not 0 < x.shape[0] <= BF16_MAX_ROWS or x.dtype != torch.bfloat16:
         return None
@@ -282,13 +283,7 @@ def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, *, out_f32: bool = False) -
     order). They are oneDNN's but for the last bit of about 1 output in 20,000 (its order of sums), and the
     kernel runs 1.1-1.4x faster than oneDNN's packed product on SmolLM2's layer shapes at 8-512 rows with the
     weights coming from memory, as a model's do (``scripts/bench_bf16_matmul.py --rows 8,64,128``)."""
-    if x.dim() != 2 or x.shape[0] <= BF16_MAX_ROWS or x.dtype != torch.bfloat16 or x.stride(1) != 1:
-        return None
-    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.shape[1] % 2 or x.shape[1] != weight.shape[1]:
-        return None
-    if x.device.type != "cpu" or weight.device.type != "cpu" or not bf16_matmul_supported():
-        return None
-    lib = library.get()
+    lib = _packed_kernels_for(x, weight)
     if lib is None:
         return None
     packed = gemm_packed(weight, lib)
@@ -307,14 +302,8 @@ def bf16_swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor | None:
     pass of ``bf16_gemm.c`` that never writes the ``[rows, 2 * inter]`` product out (the widest tensor of a
     layer, written and read back once per step). None where :func:`bf16_gemm` does not apply or ``inter`` is
     not a multiple of 32."""
-    if x.dim() != 2 or x.shape[0] <= BF16_MAX_ROWS or x.dtype != torch.bfloat16 or x.stride(1) != 1:
-        return None
-    if gate_up.dtype != torch.bfloat16 or gate_up.dim() != 2 or gate_up.shape[0] % 64 or gate_up.shape[1] % 2:
-        return None
-    if x.shape[1] != gate_up.shape[1] or x.device.type != "cpu" or gate_up.device.type != "cpu":
-        return None
-    lib = library.get()
-    if lib is None or not bf16_matmul_supported():
+    lib = _packed_kernels_for(x, gate_up)
+    if lib is None or gate_up.shape[0] % 64:
         return None
     packed = gemm_packed(gate_up, lib, swiglu=True)
     rows, k = x.shape
@@ -323,6 +312,18 @@ def bf16_swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor | None:
     lib.bf16_gemm_swiglu(x.data_ptr(), x.stride(0), packed.data_ptr(), k, inter, rows, out.data_ptr(), inter,
                          torch.get_num_threads(), library.use_pool(rows))
     return out
+
+
+def _packed_kernels_for(x: torch.Tensor, weight: torch.Tensor) -> Any | None:
+    """The kernel library when ``bf16_gemm.c`` takes ``x @ weight.T`` (CPU bfloat16 rows past ``BF16_MAX_ROWS``
+    with unit column stride, a 2-D bfloat16 weight with an even number of columns, AVX512-BF16), else None."""
+    if x.dim() != 2 or x.shape[0] <= BF16_MAX_ROWS or x.dtype != torch.bfloat16 or x.stride(1) != 1:
+        return None
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.shape[1] % 2 or x.shape[1] != weight.shape[1]:
+        return None
+    if x.device.type != "cpu" or weight.device.type != "cpu" or not bf16_matmul_supported():
+        return None
+    return library.get()
 
 
 def gemm_packed(weight: torch.Tensor, lib: Any, *, swiglu: bool = False) -> torch.Tensor:

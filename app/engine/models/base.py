@@ -119,7 +119,8 @@ class PagedCausalLM(nn.Module):
             logits = qblock_linear(hidden, self.lm_head_blocks)
             return qblock_reference(hidden, self.lm_head_blocks) if logits is None else logits
         head = self.lm_head_weight()
-        if head.dtype == torch.bfloat16 and hidden.dtype == torch.float32 and bf16_matmul_supported():
+        cpu = hidden.device.type == "cpu"
+        if head.dtype == torch.bfloat16 and hidden.dtype == torch.float32 and cpu and bf16_matmul_supported():
             # our kernels' float32 sums, not rounded to bfloat16 (so no ties to refine either)
             rows = hidden.to(torch.bfloat16)
             exact = bf16_small_matmul(rows, head, out_f32=True)

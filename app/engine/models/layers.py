@@ -150,7 +150,8 @@ def bf16_swiglu_mlp(
     # bfloat16 weights: product and SwiGLU in one pass where the kernel takes them (the same bits)
     mid = None
     if gate_up.scales is None and gate_up.weight.dtype == torch.bfloat16:
-        mid = bf16_swiglu(x.to(torch.bfloat16), gate_up.weight)
+        x = x.to(torch.bfloat16)  # as bf16_linear would round it: once for either route below
+        mid = bf16_swiglu(x, gate_up.weight)
     if mid is None:
         gu = _bf16_product(x, gate_up)
         if gu is None:

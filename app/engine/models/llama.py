@@ -12,6 +12,7 @@ from typing import cast
 import torch
 from torch import nn
 
+import app.engine.kernels.matmul as matmul
 from app.engine.attention import AttentionMetadata, paged_attention
 from app.engine.config import ModelConfig
 from app.engine.kernels.decode_layer import (
@@ -21,7 +22,7 @@ from app.engine.kernels.decode_layer import (
     bf16_values_supported,
     decode_layer_enabled,
 )
-from app.engine.kernels.matmul import BF16_MAX_ROWS, MAX_ROWS, ONEDNN_MIN_ROWS
+from app.engine.kernels.matmul import MAX_ROWS, ONEDNN_MIN_ROWS
 from app.engine.models.base import PagedCausalLM, take
 from app.engine.models.layers import (
     Embedding,
@@ -184,7 +185,7 @@ class LlamaForCausalLM(PagedCausalLM):
         # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, blocks up to MAX_ROWS,
         # bf16_gemm at any row count past BF16_MAX_ROWS (bf16_matmul up to it, which the C layer does not run)
         bf16_rows = layers[0].bf16_rows
-        if bf16_rows and x.shape[0] <= BF16_MAX_ROWS:
+        if bf16_rows and x.shape[0] <= matmul.BF16_MAX_ROWS:  # read now: the module's setting is the switch
             return None
         if not bf16_rows and x.shape[0] > (MAX_ROWS if all_blocks else ONEDNN_MIN_ROWS - 1):
             return None

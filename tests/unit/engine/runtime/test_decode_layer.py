@@ -15,7 +15,6 @@ from app.engine import LLMEngine, SamplingParams
 from app.engine.kernels import decode_layer, matmul
 from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.kernels.matmul import bf16_matmul_supported
-from app.engine.models import llama
 from tests.unit.engine.runtime.conftest import random_prompts
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -203,7 +202,20 @@ def test_bfloat16_steps_of_the_few_row_kernel_stay_in_python(
 ) -> None:
     """Where the few-row kernel is given the first rows (BF16_MAX_ROWS > 0), the Python layer runs it and the C
     layer, which runs bf16_gemm.c only, is not taken for those steps."""
-    monkeypatch.setattr(llama, "BF16_MAX_ROWS", 4)
     monkeypatch.setattr(matmul, "BF16_MAX_ROWS", 4)
     outputs(bf16_engine, random_prompts(3, 3, 8, seed=30), in_c=True)
     assert 3 not in c_layer_steps
+
+
+def test_a_fused_gate_up_is_packed_once(bf16_engine: LLMEngine, c_layer_steps: list[int]) -> None:
+    """With SwiGLU fused (an MLP width that is a multiple of 32) the C and Python layers share the gate_up
+    weight's fused copy, and no plain packed copy of it is made besides."""
+    if not (kernels.available() and bf16_matmul_supported() and bf16_attention_supported()):
+        pytest.skip("needs the C kernels and AVX512-BF16")
+    outputs(bf16_engine, random_prompts(6, 3, 8, seed=40), in_c=True)
+    assert 6 in c_layer_steps
+    model: Any = bf16_engine.runner.model
+    mlp = model.layers[0].mlp
+    fused = mlp.intermediate_size % 32 == 0
+    assert hasattr(mlp.gate_up_proj.weight, "_inf_bf16_swiglu_packed") == fused
+    assert hasattr(mlp.gate_up_proj.weight, "_inf_bf16_gemm_packed") != fused
