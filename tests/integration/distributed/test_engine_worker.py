@@ -44,7 +44,9 @@ def test_concurrent_items_share_one_engine_batch(cluster: Cluster, tmp_path: Pat
 
     cluster.start_worker("batched", "--engine", "--concurrency", str(ITEMS))
     _makespan(cluster, 1, "warm-batched")
-    batched = _makespan(cluster, ITEMS, "batched")
+    # best of two: the batched makespan is about 0.3 s, so one scheduling hiccup of the 2-core host (seen once
+    # in CI: 0.53 s) can halve the ratio; the serial one (~1.5 s) only gets slower from noise
+    batched = min(_makespan(cluster, ITEMS, "batched"), _makespan(cluster, ITEMS, "batched-again"))
     print(f"{ITEMS} single-node items on one engine worker: one by one {serial:.2f} s, concurrently {batched:.2f} s "
           f"({serial / batched:.1f}x)")
     assert batched < serial / 3
