@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StrictInt, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -232,6 +232,37 @@ class Settings(BaseSettings):
     )
     api_key: str | None = Field(default=None, description="Bearer key the CLI sends to the server")
 
+    # --- per-tenant quotas (app/jobs/limits/quotas.py; 0 = unlimited) ---------------------------------------------
+    tenant_max_queued_items: int = Field(
+        default=0,
+        ge=0,
+        description="Items one tenant may have pending or running in its open jobs, a new job's included (a job "
+        "beyond answers 429); 0 = unlimited",
+    )
+    tenant_max_inflight_nodes: int = Field(
+        default=0, ge=0, description="Node tasks of one tenant in flight on workers at once; 0 = unlimited"
+    )
+    tenant_quotas: dict[str, dict[str, StrictInt]] = Field(
+        default_factory=dict,
+        description='Per-tenant overrides of the two, as JSON: {"acme": {"max_queued_items": 50000, '
+        '"max_inflight_nodes": 64}} (a key left out keeps the tenant_max_* value; 0 = unlimited)',
+    )
+
+    @field_validator("tenant_quotas")
+    @classmethod
+    def _quota_keys(cls, value: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        known = ("max_queued_items", "max_inflight_nodes")
+        for tenant, quota in value.items():
+            if not tenant.strip():
+                raise ValueError("tenant_quotas names a tenant with an empty name")
+            for key, limit in quota.items():
+                if key not in known:
+                    raise ValueError(f"tenant_quotas[{tenant!r}] has the unknown key {key!r}; the keys are "
+                                     f"{' and '.join(known)}")
+                if limit < 0:
+                    raise ValueError(f"tenant_quotas[{tenant!r}][{key!r}] must be 0 (unlimited) or more, not {limit}")
+        return value
+
     # --- distributed execution: Celery on Redis, global endpoint limits, Flower (deploy/README.md says why) -----
     redis_prefix: str = Field(
         default="inf",
@@ -320,6 +351,17 @@ class Settings(BaseSettings):
         description="Rounds of dependents one delivery runs at once when they become ready on its own queue (0: "
         "send each)",
     )
+    dispatch_window: int = Field(
+        default=0,
+        ge=0,
+        description="Node tasks the broker holds per queue, sent and not yet taken by a worker (0: the task slots "
+        "of the workers consuming the queue, capped by the endpoints' max_concurrent); PostgreSQL keeps the rest",
+    )
+    tenant_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='Share of the workers each tenant gets among jobs of equal priority, e.g. {"acme": 2} '
+        "(1 for tenants not named)",
+    )
     node_store_group_commit: bool = Field(
         default=True,
         description="A worker's task threads share transactions for their node claims and stores on PostgreSQL "
@@ -350,6 +392,14 @@ class Settings(BaseSettings):
                 for v in value
                 if not (isinstance(v, str) and not v.strip())
             ]
+        return value
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _positive_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for tenant, weight in value.items():
+            if not weight > 0 or weight == float("inf"):
+                raise ValueError(f"tenant_weights[{tenant!r}] must be a positive number, not {weight!r}")
         return value
 
     @field_validator("log_level")

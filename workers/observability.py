@@ -44,14 +44,16 @@ def _unbind_task(**_: Any) -> None:
     logs.clear()
 
 
-def announce_queues(settings: Settings, queues: Sequence[str]) -> None:
-    """Once the worker is ready, announce ``queues`` under its node name until it shuts down."""
+def announce_queues(settings: Settings, queues: Sequence[str], concurrency: int | None = None) -> None:
+    """Once the worker is ready, announce ``queues`` and its task slots (``concurrency``: what the dispatch
+    windows are sized from) under its node name until it shuts down."""
     state: dict[str, Any] = {}
 
     def ready(sender: Any = None, **_: Any) -> None:
         hostname = str(getattr(sender, "hostname", None) or "worker")
         presence = WorkerPresence(Redis.from_url(settings.redis_url or "", socket_timeout=5), settings.redis_prefix)
-        state.update(stop=presence.keep_announcing(hostname, list(queues)), presence=presence, hostname=hostname)
+        stop = presence.keep_announcing(hostname, list(queues), concurrency)
+        state.update(stop=stop, presence=presence, hostname=hostname)
 
     def shutdown(**_: Any) -> None:
         stop: threading.Event | None = state.get("stop")

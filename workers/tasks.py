@@ -63,7 +63,10 @@ def sweep_task() -> dict[str, int] | str:
             return "skipped: another sweep is running"
         try:
             sessions, dispatcher, endpoints, policy = sweeper_parts()
-            report = sweep(sessions, dispatcher, endpoints, policy, resources_for=node_worker().resources_for)
+            worker = node_worker()
+            report = sweep(
+                sessions, dispatcher, endpoints, policy, resources_for=worker.resources_for, window=worker.window
+            )
             return vars(report)
         finally:
             lock.release()

@@ -126,7 +126,9 @@ def worker_command(
     from workers.celery_app import app as celery
     from workers.observability import announce_queues
 
-    announce_queues(settings, names)  # what beat and /health read to find the sweeper's consumers
+    slots = concurrency or (os.cpu_count() or 1)  # Celery's default: one process per CPU
+    # what beat and /health read to find the sweeper's consumers, and the dispatch windows their size
+    announce_queues(settings, names, slots)
     sweeper = _sweeper_queue(settings)
     if sweeper not in names:
         log.warning("this worker does not consume %s (the sweeper's queue): start another worker that does", sweeper)

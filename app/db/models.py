@@ -30,6 +30,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -253,8 +254,10 @@ class Batch(Base):
 class NodeTaskStatus(StrEnum):
     """Where one graph node of one item stands on the distributed path (Celery workers).
 
-    waiting: some dependency is not stored yet; queued: a task message was sent (or is due after a countdown);
-    running: a worker claimed it and holds a lease; done: its result is stored; failed: it will not run again.
+    waiting: some dependency is not stored yet; queued: ready to run, its message either sent (``sent_at`` set,
+    it counts against its queue's dispatch window) or not yet (``sent_at`` null: the fair dispatcher sends it
+    when the window has room); running: a worker claimed it and holds a lease; done: its result is stored;
+    failed: it will not run again.
     """
 
     WAITING = "waiting"
@@ -264,17 +267,41 @@ class NodeTaskStatus(StrEnum):
     FAILED = "failed"
 
 
+# the predicates of the partial indexes above, repeated word for word by the queries that use them
+UNSENT_SQL = "(status = 'queued' AND sent_at IS NULL)"
+IN_FLIGHT_SQL = "(status = 'running' OR (status = 'queued' AND sent_at IS NOT NULL))"
+
+
 class NodeTask(Base):
     """The dispatch state of one node of one item, when jobs run on Celery workers. PostgreSQL is the truth:
     ``waiting`` counts the dependencies not yet stored (decremented in the transaction that stores one),
     ``attempts`` counts the deliveries that started running it (the cap on re-deliveries), and ``deadline`` is
-    when the sweeper steps in (queued: the message should have been picked up; running: the lease ran out)."""
+    when the sweeper steps in (queued and sent: the message should have been picked up; running: the lease ran
+    out); for a queued node not sent yet it is the earliest time it may be sent (a retry's backoff), or null."""
 
     __tablename__ = "node_tasks"
     __table_args__ = (
         UniqueConstraint("item_id", "node_id"),
         Index("ix_node_tasks_job_id_status", "job_id", "status"),
         Index("ix_node_tasks_status_deadline", "status", "deadline"),
+        # the fair dispatcher: a job's unsent ready nodes of one queue, most urgent first ...
+        Index(
+            "ix_node_tasks_unsent",
+            "job_id",
+            "queue",
+            "priority",
+            "item_id",
+            postgresql_where=text(UNSENT_SQL),
+            sqlite_where=text(UNSENT_SQL),
+        ),
+        # ... and the nodes in flight (sent and not claimed yet, or running), counted against the windows
+        Index(
+            "ix_node_tasks_in_flight",
+            "queue",
+            "job_id",
+            postgresql_where=text(IN_FLIGHT_SQL),
+            sqlite_where=text(IN_FLIGHT_SQL),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -289,6 +316,7 @@ class NodeTask(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     claimed_by: Mapped[str | None] = mapped_column(String(200), nullable=True)  # task id of the running delivery
     deadline: Mapped[datetime | None] = mapped_column(nullable=True)
+    sent_at: Mapped[datetime | None] = mapped_column(nullable=True)  # its message went to the broker
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, select, update
+from sqlalchemy import and_, case, exists, func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.db.base import utcnow
@@ -181,10 +181,12 @@ def mark_items_running(session: Session, *, item_ids: Sequence[int]) -> None:
 def overdue_node_tasks(
     session: Session, *, status: NodeTaskStatus, now: datetime, limit: int = 500
 ) -> list[NodeTask]:
-    """Running nodes whose lease ran out, or queued nodes whose message should have been taken by now."""
+    """Running nodes whose lease ran out, or queued nodes whose message was sent and should have been taken by
+    now (a queued node not sent yet waits for its dispatch window, not for the sweeper)."""
     stmt = (
         select(NodeTask)
         .where(NodeTask.status == status, NodeTask.deadline < now)
+        .where(NodeTask.sent_at.is_not(None) if status == NodeTaskStatus.QUEUED else true())
         .order_by(NodeTask.deadline)
         .limit(limit)
     )
@@ -201,13 +203,15 @@ def requeue_node_task(
 ) -> NodeTaskRef | None:
     """Queue the node again (the sweeper: its worker vanished or its message was lost; a worker: a transient
     failure); None when the row moved on meanwhile (claimed, finished, or re-queued by a concurrent sweep, which
-    the ``overdue_at`` condition, re-checked on the locked row, catches)."""
+    the ``overdue_at`` condition, re-checked on the locked row, catches). The caller sends its message at once
+    (a retry's with a countdown), so it counts as sent: it replaces a node that was in flight."""
+    now = utcnow()
     stmt = update(NodeTask).where(NodeTask.id == row_id, NodeTask.status == expect_status)
     if overdue_at is not None:
         stmt = stmt.where(NodeTask.deadline < overdue_at)
     row = session.execute(
         stmt.values(
-            status=NodeTaskStatus.QUEUED, claimed_by=None, deadline=deadline, updated_at=utcnow()
+            status=NodeTaskStatus.QUEUED, claimed_by=None, deadline=deadline, sent_at=now, updated_at=now
         ).returning(*_REF_COLUMNS)
     ).first()
     return _refs([row])[0] if row is not None else None

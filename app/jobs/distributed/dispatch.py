@@ -1,9 +1,11 @@
-"""Dispatching a job to workers: one node-task row per node of each item, and a message per ready node.
+"""Dispatching a job to workers: one node-task row per node of each item; the dispatch windows send the ready ones.
 
 After the submission committed, the job moves queued → running and its items are taken a page at a time: each
-page writes its node rows (``waiting`` = the dependencies each node waits for) in one transaction, then sends
-the nodes that wait for nothing. Rows are inserted with ``ON CONFLICT DO NOTHING`` and only inserted rows are
-sent, so a dispatch interrupted half-way is continued by the sweeper without sending anything twice.
+page writes its node rows (``waiting`` = the dependencies each node waits for; the nodes that wait for nothing
+are ``queued``, not sent yet) in one transaction, then refills the dispatch windows
+(:mod:`app.jobs.distributed.window`), which send what the broker has room for, fairly between jobs and
+tenants. Rows are inserted with ``ON CONFLICT DO NOTHING``, so a dispatch interrupted half-way is continued by
+the sweeper without writing anything twice.
 """
 
 from __future__ import annotations
@@ -11,28 +13,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import Item, ItemStatus, JobStatus, repository, session_scope, utcnow
+from app.db import Item, ItemStatus, JobStatus, repository, session_scope
 from app.db.models import NodeTaskStatus
 from app.db.repository import ItemOutcome
 from app.db.repository import node_tasks as tasks_repo
-from app.jobs.distributed.messages import Dispatcher, Endpoints, NodeMessage
-from app.jobs.distributed.node_task import NodePolicy, messages_of
+from app.jobs.distributed.messages import Dispatcher, Endpoints
+from app.jobs.distributed.node_task import NodePolicy
 from app.jobs.distributed.settle import fail_item, settle_job
+from app.jobs.distributed.window import GROUP_MIN_ITEMS, DispatchWindow, WindowPolicy
 from app.jobs.encoding import decode_item_input, error_of
 from app.jobs.graphs import graph_forms, load_module, trace_item
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
-# A page of fewer items sends one node a message: grouping an item's ready nodes in one message runs them one
-# after another, a good trade when many items keep every worker slot busy (a message costs a worker more than a
-# node's bookkeeping) and a bad one when the item's own parallelism is all there is.
-GROUP_MIN_ITEMS = 16
+__all__ = ["GROUP_MIN_ITEMS", "dispatch_job", "missing_aliases", "plan_graph"]
+
 # the first page is small so that workers start at once; pages then double up to PAGE_SIZE
 FIRST_PAGE_SIZE = 32
 
@@ -83,27 +83,36 @@ def dispatch_job(
     policy: NodePolicy | None = None,
     *,
     page_size: int = PAGE_SIZE,
+    window: DispatchWindow | None = None,
 ) -> int:
-    """Dispatch the job's undispatched items; returns the node tasks sent. A job that is not queued or running
-    (cancelled meanwhile) is left alone."""
+    """Write the node rows of the job's undispatched items, refilling the dispatch windows after each page;
+    returns the node rows made ready. A job that is not queued or running (cancelled meanwhile) is left alone.
+    ``window``: the process's dispatch windows (default: fixed windows without quotas)."""
     policy = policy or NodePolicy()
-    sent = 0
+    if window is None:
+        window = DispatchWindow(
+            sessions, dispatcher, WindowPolicy(stale_s=policy.stale_s, group=getattr(dispatcher, "group", 1))
+        )
+    ready = 0
     plans: dict[str, list[NodePlan]] = {}
     size = min(FIRST_PAGE_SIZE, page_size)
     while True:
         with session_scope(sessions) as session:
-            messages = _dispatch_page(session, job_id, dispatcher, endpoints, policy, plans, size)
+            written = _dispatch_page(session, job_id, dispatcher, endpoints, plans, size)
         size = min(page_size, size * 2)
-        if messages is None:
-            return sent
-        if messages:
-            try:
-                dispatcher.send(messages)
-            except Exception as exc:  # the rows are queued: the sweeper sends them once the broker is back
-                log.warning(
-                    "job %s: could not send %d node tasks (%s); the sweeper will", job_id, len(messages), exc
-                )
-            sent += sum(m.nodes for m in messages)
+        if written is None:
+            _refill(window, job_id)
+            return ready
+        ready += written
+        if written:
+            _refill(window, job_id)
+
+
+def _refill(window: DispatchWindow, job_id: str) -> None:
+    try:
+        window.refill()
+    except Exception as exc:  # the rows are queued: the next refill (a worker's, the sweeper's) sends them
+        log.warning("job %s: could not refill the dispatch windows (%s); the next refill will", job_id, exc)
 
 
 def _dispatch_page(
@@ -111,11 +120,10 @@ def _dispatch_page(
     job_id: str,
     dispatcher: Dispatcher,
     endpoints: Endpoints,
-    policy: NodePolicy,
     plans: dict[str, list[NodePlan]],
     page_size: int,
-) -> list[NodeMessage] | None:
-    """One page of items in one transaction; None when nothing is left to dispatch."""
+) -> int | None:
+    """One page of items in one transaction: the number of ready nodes written; None when nothing is left."""
     job = repository.get_job(session, job_id=job_id)
     if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
         return None
@@ -125,7 +133,6 @@ def _dispatch_page(
     if not items:
         settle_job(session, job_id)
         return None
-    deadline = utcnow() + timedelta(seconds=policy.stale_s)
     rows: list[dict[str, Any]] = []
     for item in items:
         try:
@@ -157,12 +164,11 @@ def _dispatch_page(
                 "waiting": p.waiting,
                 "queue": p.queue,
                 "priority": p.priority,
-                "deadline": deadline if p.waiting == 0 else None,
+                "deadline": None,  # a ready node may be sent at once; sent_at stays null until it is
             }
             for p in item_plans
         )
-    refs = tasks_repo.add_node_tasks(session, rows=rows)
-    return messages_of(refs, getattr(dispatcher, "group", 1) if len(items) >= GROUP_MIN_ITEMS else 1)
+    return len(tasks_repo.add_node_tasks(session, rows=rows))
 
 
 class _JobError(Exception):

@@ -4,9 +4,11 @@ many messages wait in a queue. ``workers/`` implements it on Celery; the jobs la
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from app.db.repository.node_tasks import NodeTaskRef
+from app.jobs.distributed.transport.queues import Queues
 from app.pipeline.resources.config import EndpointConfig, ResourceConfig
 
 
@@ -34,7 +36,9 @@ class NodeMessage:
 
 class Dispatcher(Protocol):
     """A transport. It may set ``group`` (an int attribute): how many ready nodes of one job one message may
-    carry (1, or no such attribute: one node a message)."""
+    carry (1, or no such attribute: one node a message). ``queues``: the queues it sends to."""
+
+    queues: Queues
 
     def route(
         self, *, kind: str, endpoint: EndpointConfig | None, job_priority: int, depth: int
@@ -49,6 +53,31 @@ class Dispatcher(Protocol):
     def queue_depth(self, queue: str) -> int:
         """Messages waiting in ``queue`` (all priority levels)."""
         ...
+
+
+def message_of(ref: NodeTaskRef, countdown: float = 0.0) -> NodeMessage:
+    """The message that sends ``ref`` (its attempt number is the attempts started so far)."""
+    return NodeMessage(ref.job_id, ref.item_id, ref.node_id, ref.attempts, ref.queue, ref.priority, countdown)
+
+
+def messages_of(refs: Sequence[NodeTaskRef], group: int = 1) -> list[NodeMessage]:
+    """The messages that send ``refs``: up to ``group`` ready nodes of one job, queue and priority share one
+    (an item's nodes side by side; a node of another item than the message's first names its item)."""
+    if group <= 1:
+        return [message_of(ref) for ref in refs]
+    groups: dict[tuple[str, str, int], list[NodeTaskRef]] = {}
+    for ref in sorted(refs, key=lambda r: r.item_id):
+        groups.setdefault((ref.job_id, ref.queue, ref.priority), []).append(ref)
+    messages = []
+    for members in groups.values():
+        for start in range(0, len(members), group):
+            first, *rest = members[start : start + group]
+            also = tuple(
+                (r.node_id, r.attempts) if r.item_id == first.item_id else (r.node_id, r.attempts, r.item_id)
+                for r in rest
+            )
+            messages.append(replace(message_of(first), also=also))
+    return messages
 
 
 class Endpoints:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import TypeVar
 
@@ -110,7 +110,7 @@ def _store_chain(
     """Store ``result`` and the inline ops it makes ready, each with its dependents counted down; returns (an
     item's sink was stored, the nodes to send, the job's status)."""
     now = utcnow()
-    deadline = now + timedelta(seconds=worker.policy.stale_s)
+    deadline = now  # dependents that become ready may be sent at once (by the dispatch window's refill)
     dependents = item.graph.dependents()
     to_send: list[NodeTaskRef] = []
     pending = [result]

@@ -25,7 +25,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from functools import partial
@@ -34,7 +34,7 @@ from uuid import uuid4
 
 from app.db import utcnow
 from app.db.repository.node_store import Claim, ClaimRequest, ClaimStatus, NodeTaskRef
-from app.jobs.distributed.messages import NodeMessage
+from app.jobs.distributed.messages import NodeMessage, message_of, messages_of
 from app.jobs.distributed.node_results import retrying, store_result
 from app.jobs.distributed.node_worker import NodeCall, NodePolicy, NodeWorker
 from app.jobs.distributed.nodes import ItemGraph, execute_node
@@ -43,7 +43,7 @@ from app.jobs.encoding import decode_value, error_of
 from app.pipeline.execution.state import TaskResult
 from app.pipeline.resources.errors import RateLimitError, TransientError
 
-__all__ = ["NodeCall", "NodePolicy", "NodeWorker", "Outcome", "message_of", "run_node"]
+__all__ = ["NodeCall", "NodePolicy", "NodeWorker", "Outcome", "message_of", "messages_of", "run_node"]
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +95,18 @@ def run_node(
         local = [ref for ref in ready if ref.queue == here]
         if not local:
             break
-        _send(worker, [_message(ref) for ref in ready if ref.queue != here])
-        lap("publish")
+        if len(local) < len(ready):  # dependents on other queues wait for their windows
+            _refill(worker)
+            lap("publish")
         # fresh tokens: no message carries these runs, so no redelivery can take them over (the sweeper can)
         _, ready = _run_round(
             worker,
             [NodeCall(r.job_id, r.item_id, r.node_id, r.attempts, f"here:{uuid4().hex}") for r in local],
             lap,
         )
-    # one message each: dependents sent from here keep their parallelism (they may be all their job has left)
-    _send(worker, [_message(ref) for ref in ready])
+    # this delivery's slot is free and its dependents are ready (queued, not sent): the fair dispatcher decides
+    # what the broker gets next, this job's dependents or another tenant's nodes
+    _refill(worker)
     lap("publish")
     return outcomes[0]
 
@@ -291,7 +293,7 @@ def _retry_or_fail(
     ref = retrying(worker, partial(requeue, deadline=deadline))
     if ref is not None:  # else it finished or was taken over meanwhile
         log.info("node %s failed transiently (%s); retrying in %.1f s", call.token, exc, delay)
-        _send(worker, [_message(ref, countdown=delay)])
+        _send(worker, [message_of(ref, countdown=delay)])
     return Outcome.RETRY
 
 
@@ -309,6 +311,17 @@ def _fail(worker: NodeWorker, call: NodeCall, error: dict[str, Any]) -> None:
 
 
 # -- sending -------------------------------------------------------------------------------------------------
+def _refill(worker: NodeWorker) -> None:
+    """Top the dispatch windows up (see :mod:`app.jobs.distributed.window`). A failure leaves the ready nodes
+    queued in PostgreSQL for the next refill: the next delivery's, the API's loop or the sweeper's."""
+    if worker.window is None:
+        return
+    try:
+        worker.window.refill()
+    except Exception as exc:
+        log.warning("could not refill the dispatch windows (%s); the next refill will", exc)
+
+
 def _send(worker: NodeWorker, messages: Sequence[NodeMessage]) -> None:
     """Send after the commit. If the broker refuses, the nodes stay queued in PostgreSQL and the sweeper sends
     them once their deadline passes."""
@@ -318,32 +331,3 @@ def _send(worker: NodeWorker, messages: Sequence[NodeMessage]) -> None:
         worker.dispatcher.send(messages)
     except Exception as exc:
         log.warning("could not send %d node task(s) (%s); the sweeper will send them", len(messages), exc)
-
-
-def _message(ref: NodeTaskRef, countdown: float = 0.0) -> NodeMessage:
-    return NodeMessage(ref.job_id, ref.item_id, ref.node_id, ref.attempts, ref.queue, ref.priority, countdown)
-
-
-def messages_of(refs: Sequence[NodeTaskRef], group: int = 1) -> list[NodeMessage]:
-    """The messages that send ``refs``: up to ``group`` ready nodes of one job, queue and priority share one
-    (an item's nodes side by side; a node of another item than the message's first names its item)."""
-    if group <= 1:
-        return [_message(ref) for ref in refs]
-    groups: dict[tuple[str, str, int], list[NodeTaskRef]] = {}
-    for ref in sorted(refs, key=lambda r: r.item_id):
-        groups.setdefault((ref.job_id, ref.queue, ref.priority), []).append(ref)
-    messages = []
-    for members in groups.values():
-        for start in range(0, len(members), group):
-            first, *rest = members[start : start + group]
-            also = tuple(
-                (r.node_id, r.attempts) if r.item_id == first.item_id else (r.node_id, r.attempts, r.item_id)
-                for r in rest
-            )
-            messages.append(replace(_message(first), also=also))
-    return messages
-
-
-def message_of(ref: NodeTaskRef, countdown: float = 0.0) -> NodeMessage:
-    """The message that sends ``ref`` (its attempt number is the attempts started so far)."""
-    return _message(ref, countdown)

@@ -17,6 +17,7 @@ from app.db.direct import DirectPool
 from app.db.repository.node_store import NodeStore, open_node_store
 from app.jobs.distributed.messages import Dispatcher
 from app.jobs.distributed.settle import settle_job
+from app.jobs.distributed.window import DispatchWindow, WindowPolicy
 from app.jobs.encoding import decode_item_input
 from app.jobs.graphs import load_module, trace_item
 from app.pipeline.graph import InferenceGraph
@@ -66,7 +67,8 @@ class NodeWorker:
     connections on PostgreSQL,
     on which the node store runs the common claim and store as one statement each; ``group_commit``: the task
     threads' claims and stores on ``direct`` share transactions (``settings.node_store_group_commit``).
-    ``store``: the node store (built from ``sessions`` and ``direct``).
+    ``store``: the node store (built from ``sessions`` and ``direct``); ``window``: refills the dispatch windows
+    when a delivery ends.
     """
 
     sessions: sessionmaker[Session]
@@ -78,6 +80,7 @@ class NodeWorker:
     max_calls: int = 0
     direct: DirectPool | None = None
     group_commit: bool = True
+    window: DispatchWindow | None = None  # the fair, bounded dispatcher (default: fixed windows, no quotas)
     store: NodeStore = field(init=False)
     _modules: dict[str, Any] = field(default_factory=dict)
     _modules_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -86,6 +89,9 @@ class NodeWorker:
 
     def __post_init__(self) -> None:
         self.store = open_node_store(self.sessions, settle_job, self.direct, group_commit=self.group_commit)
+        if self.window is None:
+            policy = WindowPolicy(stale_s=self.policy.stale_s, group=getattr(self.dispatcher, "group", 1))
+            self.window = DispatchWindow(self.sessions, self.dispatcher, policy)
         self._call_slots = threading.BoundedSemaphore(self.max_calls) if self.max_calls > 0 else None
 
     def take_call_slots(self, wanted: int) -> int:

@@ -43,8 +43,8 @@ class WorkerPresence:
     def key(self, hostname: str) -> str:
         return f"{self.prefix}:workers:{hostname}"
 
-    def announce(self, hostname: str, queues: Sequence[str]) -> None:
-        value = json.dumps({"queues": list(queues), "at": time.time()})
+    def announce(self, hostname: str, queues: Sequence[str], concurrency: int | None = None) -> None:
+        value = json.dumps({"queues": list(queues), "concurrency": concurrency, "at": time.time()})
         self.redis.set(self.key(hostname), value, px=int(self.ttl_s * 1000))
 
     def withdraw(self, hostname: str) -> None:
@@ -52,27 +52,39 @@ class WorkerPresence:
 
     def workers(self) -> dict[str, list[str]]:
         """Every announced worker (hostname → the queues it consumes)."""
-        found: dict[str, list[str]] = {}
+        return {host: queues for host, (queues, _) in self._announced().items()}
+
+    def capacity(self, queue: str) -> int | None:
+        """The task slots of the announced workers that consume ``queue`` (None: none announced any)."""
+        slots = [n for queues, n in self._announced().values() if queue in queues and n]
+        return sum(slots) if slots else None
+
+    def _announced(self) -> dict[str, tuple[list[str], int | None]]:
+        found: dict[str, tuple[list[str], int | None]] = {}
         start = len(self.key(""))
         for key in self.redis.scan_iter(match=self.key("*"), count=200):
             raw = self.redis.get(key)
             if raw is None:  # lapsed between the scan and the read
                 continue
             try:
-                queues = json.loads(_text(raw)).get("queues", [])
+                entry = json.loads(_text(raw))
+                queues = [str(q) for q in entry.get("queues", [])]
+                concurrency = entry.get("concurrency")
             except (ValueError, AttributeError):
                 continue
-            found[_text(key)[start:]] = [str(q) for q in queues]
+            found[_text(key)[start:]] = (queues, int(concurrency) if isinstance(concurrency, int) else None)
         return found
 
-    def keep_announcing(self, hostname: str, queues: Sequence[str]) -> threading.Event:
+    def keep_announcing(
+        self, hostname: str, queues: Sequence[str], concurrency: int | None = None
+    ) -> threading.Event:
         """Announce now and every third of the TTL from a daemon thread; set the event to stop (and withdraw)."""
         stop = threading.Event()
 
         def loop() -> None:
             while True:
                 try:
-                    self.announce(hostname, queues)
+                    self.announce(hostname, queues, concurrency)
                 except Exception as exc:  # Redis away: the entry may lapse; the next round puts it back
                     log.warning("cannot announce worker %s: %s", hostname, exc)
                 if stop.wait(self.ttl_s / 3):

@@ -1,7 +1,8 @@
-"""The API process's side of distributed jobs: instead of running jobs (the embedded executor), it dispatches
-each submitted job's first nodes to the workers after the submission committed, and finishes cancelled jobs
-once their workers stopped. Cancelling stops dispatching at once: node tasks of a job that is not open neither
-run nor send their dependents."""
+"""The API process's side of distributed jobs: instead of running jobs (the embedded executor), it writes each
+submitted job's node rows after the submission committed (several jobs at once, so a 50,000-item job's rows do
+not hold a small job's back), refills the dispatch windows on every tick, and finishes cancelled jobs once their
+workers stopped. Cancelling stops dispatching at once: node tasks of a job that is not open neither run nor
+release their dependents, and the windows send nothing more of it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from app.jobs.distributed.dispatch import dispatch_job
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy
 from app.jobs.distributed.settle import settle_job
+from app.jobs.distributed.window import DispatchWindow, WindowPolicy
 from app.jobs.embedded.events import JobEvents
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ class DistributedJobs:
         events: JobEvents,
         policy: NodePolicy | None = None,
         poll_interval: float = 1.0,
+        window: DispatchWindow | None = None,
+        max_dispatching: int = 4,
     ) -> None:
         self.sessions = sessions
         self.dispatcher = dispatcher
@@ -38,6 +42,11 @@ class DistributedJobs:
         self.events = events
         self.policy = policy or NodePolicy()
         self.poll_interval = poll_interval
+        self.window = window or DispatchWindow(
+            sessions, dispatcher, WindowPolicy(stale_s=self.policy.stale_s, group=getattr(dispatcher, "group", 1))
+        )
+        self.max_dispatching = max_dispatching
+        self._dispatching: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -49,10 +58,12 @@ class DistributedJobs:
         self._wake.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        tasks = [t for t in (self._task, *self._dispatching.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+        self._dispatching.clear()
 
     async def _loop(self) -> None:
         while True:
@@ -64,15 +75,30 @@ class DistributedJobs:
             await wait_event(self._wake, self.poll_interval)
 
     async def tick(self) -> None:
-        """Dispatch queued jobs (most urgent first) and finish cancelled jobs whose nodes stopped."""
+        """Start writing the node rows of queued jobs (most urgent first, a few jobs at once), refill the dispatch
+        windows, and finish cancelled jobs whose nodes stopped."""
         queued, cancelling = await asyncio.to_thread(self._pending)
         for job_id in queued:
-            await asyncio.to_thread(dispatch_job, self.sessions, job_id, self.dispatcher, self.endpoints,
-                                    self.policy)
-            self.events.publish(job_id)
+            if job_id not in self._dispatching and len(self._dispatching) < self.max_dispatching:
+                self._dispatching[job_id] = asyncio.get_running_loop().create_task(
+                    self._dispatch(job_id), name=f"dispatch-{job_id}"
+                )
+        await asyncio.to_thread(self.window.refill)
         for job_id in cancelling:
             if await asyncio.to_thread(self._settle, job_id) == JobStatus.CANCELLED:
                 self.events.publish(job_id)
+
+    async def _dispatch(self, job_id: str) -> None:
+        try:
+            await asyncio.to_thread(
+                dispatch_job, self.sessions, job_id, self.dispatcher, self.endpoints, self.policy, window=self.window
+            )
+            self.events.publish(job_id)
+        except Exception:  # the job stays queued or running: the sweeper (or the next tick) continues it
+            log.exception("job %s: dispatching failed; retrying", job_id)
+        finally:
+            self._dispatching.pop(job_id, None)
+            self._wake.set()  # a dispatch slot is free
 
     def _pending(self) -> tuple[list[str], list[str]]:
         with session_scope(self.sessions) as session:

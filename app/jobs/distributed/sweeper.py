@@ -2,8 +2,9 @@
 
 * A running node whose lease ran out (its worker died: SIGKILL, OOM, a lost machine) is queued again with the
   next attempt number, or fails its item once it was started ``max_attempts`` times.
-* A queued node whose message should have been taken long ago while its queue is empty (the message was lost:
-  a crash between commit and send, a broker that lost its data) is sent again.
+* A queued node whose message was sent and should have been taken long ago while its queue is empty (the message
+  was lost: a crash between commit and send, a broker that lost its data) is sent again.
+* The dispatch windows are refilled (the workers refill them as nodes end; this catches up after a lull).
 * Jobs whose dispatch never ran or stopped half-way (the API died) are dispatched.
 * An item whose nodes are all stored but whose outcome is not (its worker stopped in between) is finished.
 * Jobs past their completion window (``expires_at``) are cancelled with an ``Expired`` error, and cancelling
@@ -29,6 +30,7 @@ from app.jobs.distributed.messages import Dispatcher, Endpoints, NodeMessage
 from app.jobs.distributed.node_task import NodePolicy, message_of
 from app.jobs.distributed.nodes import load_item_graph
 from app.jobs.distributed.settle import fail_item, finish_item_if_done, settle_job
+from app.jobs.distributed.window import DispatchWindow, WindowPolicy
 from app.jobs.embedded.writer import endpoint_cost
 from app.jobs.graphs import load_module
 
@@ -47,6 +49,7 @@ class SweepReport:
     expired: int = 0  # jobs past their window, cancelled
     settled: int = 0  # cancelling jobs finished
     finished: int = 0  # items whose nodes were all stored but whose outcome was not (their worker stopped)
+    refilled: int = 0  # ready nodes sent to fill the dispatch windows
 
 
 def sweep(
@@ -58,8 +61,10 @@ def sweep(
     now: datetime | None = None,
     limit: int = 1000,
     resources_for: Callable[[list[str]], Any] | None = None,
+    window: DispatchWindow | None = None,
 ) -> SweepReport:
-    """One sweep (see the module docstring); ``resources_for`` prices the LLM calls of items it finishes."""
+    """One sweep (see the module docstring); ``resources_for`` prices the LLM calls of items it finishes;
+    ``window``: the process's dispatch windows (default: fixed windows without quotas)."""
     policy = policy or NodePolicy()
     now = now or utcnow()
     report = SweepReport()
@@ -77,7 +82,12 @@ def sweep(
         undispatched = tasks_repo.queued_jobs_older_than(session, before=stale)
         undispatched += tasks_repo.running_jobs_started_before(session, before=stale)
     for job_id in undispatched:
-        report.dispatched += dispatch_job(sessions, job_id, dispatcher, endpoints, policy)
+        report.dispatched += dispatch_job(sessions, job_id, dispatcher, endpoints, policy, window=window)
+    if window is None:
+        window = DispatchWindow(
+            sessions, dispatcher, WindowPolicy(stale_s=policy.stale_s, group=getattr(dispatcher, "group", 1))
+        )
+    report.refilled = window.refill()
     if any(vars(report).values()):
         log.info("sweep: %s", report)
     return report

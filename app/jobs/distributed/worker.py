@@ -8,13 +8,18 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import create_db_engine, database_url, make_session_factory
 from app.db.direct import DirectPool
 from app.jobs.distributed.limited import GloballyLimitedResources, WaitHook
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy, NodeWorker
+from app.jobs.distributed.presence import WorkerPresence
+from app.jobs.distributed.transport.queues import LOCAL_ENGINE_PROVIDERS, Queues
+from app.jobs.distributed.window import DispatchWindow, WindowPolicy
 from app.pipeline.resources import ResourceConfig
 from app.settings import Settings
 
@@ -35,6 +40,55 @@ def endpoints_of(settings: Settings) -> Endpoints:
         ResourceConfig.from_file(settings.resources_file) if settings.resources_file is not None else None
     )
     return Endpoints(config, settings.model)
+
+
+def window_policy(settings: Settings, endpoints: Endpoints, group: int = 1) -> WindowPolicy:
+    """The dispatch windows' settings: their size, the llm queue's cap from the endpoints' concurrency, the
+    tenants' weights and in-flight quotas."""
+    caps: dict[str, int] = {}
+    llm_cap = _llm_endpoints_cap(endpoints)
+    if llm_cap:
+        caps[Queues.from_prefix(settings.celery_queue_prefix).llm] = llm_cap
+    return WindowPolicy(
+        window=settings.dispatch_window,
+        caps=caps,
+        weights=dict(settings.tenant_weights),
+        tenant_quota=lambda tenant: _inflight_quota(settings, tenant),
+        stale_s=settings.node_stale_seconds,
+        group=group,
+    )
+
+
+def _inflight_quota(settings: Settings, tenant: str) -> int:
+    return int(settings.tenant_quotas.get(tenant, {}).get("max_inflight_nodes", settings.tenant_max_inflight_nodes))
+
+
+def _llm_endpoints_cap(endpoints: Endpoints) -> int | None:
+    """Twice the calls the remote endpoints can take at once (a message waits ready as each call ends), when
+    every one of them has ``max_concurrent``; None otherwise (the workers' slots alone size the window)."""
+    if endpoints.config is None:
+        return None
+    distinct = {}
+    for alias in endpoints.config:
+        for e in endpoints.config[alias]:
+            if e.provider in LOCAL_ENGINE_PROVIDERS and not e.base_url:
+                continue  # the engine queue's
+            distinct[(e.provider, e.base_url, e.model)] = e.max_concurrent
+    if not distinct or any(limit is None for limit in distinct.values()):
+        return None
+    return 2 * sum(int(limit or 0) for limit in distinct.values())
+
+
+def dispatch_window(
+    settings: Settings, sessions: sessionmaker[Session], dispatcher: Dispatcher, endpoints: Endpoints
+) -> DispatchWindow:
+    """The process's dispatch windows, sized from the workers' announced task slots in Redis."""
+    capacity = None
+    if settings.redis_url:
+        presence = WorkerPresence(Redis.from_url(settings.redis_url, socket_timeout=5), settings.redis_prefix)
+        capacity = presence.capacity
+    policy = window_policy(settings, endpoints, getattr(dispatcher, "group", 1))
+    return DispatchWindow(sessions, dispatcher, policy, capacity=capacity)
 
 
 class WorkerResources:
@@ -102,8 +156,10 @@ def build_node_worker(
     direct = None
     if url.startswith("postgresql"):  # the one-statement claim and store run on raw autocommit connections
         direct = DirectPool(url, size=24, options="-c synchronous_commit=off")
+    sessions = make_session_factory(engine)
     return NodeWorker(
-        sessions=make_session_factory(engine),
+        sessions=sessions,
+        window=dispatch_window(settings, sessions, dispatcher, endpoints_of(settings)),
         direct=direct,
         group_commit=settings.node_store_group_commit,
         dispatcher=dispatcher,

@@ -22,6 +22,7 @@ from app.db.session import sqlite_path
 from app.jobs.embedded.events import JobEvents
 from app.jobs.embedded.executor import EmbeddedExecutor
 from app.jobs.embedded.runner import RunOptions
+from app.jobs.limits.quotas import QuotaTable
 from app.jobs.submission import Limits
 from app.settings import Settings
 
@@ -50,7 +51,8 @@ class JobsRuntime:
         self.settings = settings
         self.url = database_url(settings)
         self.events = JobEvents()
-        self.limits = Limits(max_items=settings.jobs_max_items, max_bytes=settings.jobs_max_bytes)
+        self.limits = Limits(max_items=settings.jobs_max_items, max_bytes=settings.jobs_max_bytes,
+                             quotas=QuotaTable.from_settings(settings))
         self._resources = resources
         self._backend = backend
         self._managers: dict[tuple[str, ...], Any] = {}  # what this runtime created (and closes)
@@ -108,11 +110,13 @@ class JobsRuntime:
 
     async def _start_distributed(self) -> None:
         from app.jobs.distributed.submitter import DistributedJobs
-        from app.jobs.distributed.worker import endpoints_of, node_policy
+        from app.jobs.distributed.worker import dispatch_window, endpoints_of, node_policy
 
+        endpoints = endpoints_of(self.settings)
         distributed = DistributedJobs(
-            self.sessions, self._dispatcher, endpoints_of(self.settings), events=self.events,
+            self.sessions, self._dispatcher, endpoints, events=self.events,
             policy=node_policy(self.settings), poll_interval=self.settings.jobs_poll_interval,
+            window=dispatch_window(self.settings, self.sessions, self._dispatcher, endpoints),
         )
         await distributed.start()
         self.distributed = distributed

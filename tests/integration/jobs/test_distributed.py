@@ -13,6 +13,7 @@ from sqlalchemy import Engine, update
 from app.db import make_session_factory, session_scope, utcnow
 from app.db.models import NodeTask
 from app.jobs.distributed import NodeMessage, NodePolicy, Outcome, dispatch_job, run_node, sweep
+from app.jobs.distributed.window import DispatchWindow, WindowPolicy
 from app.jobs.service import cancel_job, describe_job, results_page, stored_trace
 from app.pipeline.resources.errors import TransientError
 from tests.support.distributed import (
@@ -342,21 +343,31 @@ def test_a_running_node_renews_its_lease_so_the_sweeper_leaves_it(committed: Eng
 
 
 def test_dispatch_starts_with_a_small_page_then_doubles(committed: Engine) -> None:
-    """Workers get the first nodes before the whole job is written: pages of 32, 64, ... items, each sent
-    as soon as its transaction commits; every item's first nodes are sent exactly once."""
+    """Workers get the first nodes before the whole job is written: pages of 32, 64, ... items, the dispatch
+    window refilled as soon as each page commits; the broker gets at most the window, PostgreSQL keeps the rest,
+    and every item's first nodes are sent exactly once as the window drains."""
     sessions = make_session_factory(committed)
     batches: list[int] = []
 
     class Recording(ListDispatcher):
         def send(self, messages: Sequence[NodeMessage]) -> None:
-            batches.append(len(messages))
+            batches.append(sum(m.nodes for m in messages))
             super().send(messages)
 
     dispatcher = Recording()
+    window = DispatchWindow(sessions, dispatcher, WindowPolicy(window=80))
     items = [{"custom_id": f"r{i}", "input": f"review {i}"} for i in range(100)]
     job_id = submit(sessions, "review-compare", items)
-    sent = dispatch_job(sessions, job_id, dispatcher, ENDPOINTS, page_size=50)
-    assert batches == [2 * 32, 2 * 50, 2 * 18]  # 32 items, then pages capped at page_size (2 first nodes each)
-    assert sent == 2 * len(items)
+    ready = dispatch_job(sessions, job_id, dispatcher, ENDPOINTS, page_size=50, window=window)
+    assert ready == 2 * len(items)  # every item's two first nodes are ready in PostgreSQL
+    assert batches == [2 * 32, 80 - 2 * 32]  # the first page, then the window's rest; nothing beyond it
+    assert node_statuses(sessions, job_id) == {"queued": 2 * len(items), "waiting": 2 * len(items)}
+    # workers take messages (claims free the window), and each refill sends no more than the room there is
+    while dispatcher.take():
+        with session_scope(sessions) as session:
+            session.execute(update(NodeTask).where(NodeTask.job_id == job_id, NodeTask.sent_at.is_not(None),
+                                                   NodeTask.status == "queued").values(status="running"))
+        window.refill()
+        assert batches[-1] <= 80
     keys = {(m.item_id, m.node_id) for m in dispatcher.sent}
     assert len(keys) == len(dispatcher.sent) == 2 * len(items)
