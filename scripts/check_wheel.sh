@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The deployer's path, checked from a built wheel: build it, install it into a fresh virtual environment outside
-# the checkout, then run what a deployer runs there, from another directory:
+# The deployer's path, checked from a built wheel: build it from exactly what deploy/Dockerfile copies into the image
+# (scripts/image_context.py reproduces its COPY lines with .dockerignore applied, and fails in one line when a
+# source is missing or a copied link points at nothing), install it into a fresh virtual environment outside the
+# checkout, then run what a deployer runs there, from another directory:
 #   1. without the engine extra: `inf-engine --version` works and `inf-engine serve` says in one line to install
 #      inf-engine[engine] (exit status 2);
 #   2. with it (torch pinned as scripts/install.sh pins it) and the default model (the `model` extra's pin):
@@ -31,17 +33,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# -- build, from the files a clone has (tracked and new, not ignored): the shared checkout stays clean ------------
-say "building the wheel"
-mkdir -p "$WORK/src"
-(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
-  [ -e "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
+# -- build, from what the image's COPY lines take of a clone's files: the shared checkout stays clean --------------
 BUILDER="$ROOT/.venv/bin/python"
 [ -x "$BUILDER" ] || BUILDER="$PY"
-"$BUILDER" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1 \
+say "reproducing deploy/Dockerfile's COPY lines (.dockerignore applied)"
+SRC=$("$BUILDER" "$ROOT/scripts/image_context.py" --dockerfile "$ROOT/deploy/Dockerfile" --context "$ROOT" \
+  --out "$WORK/image") || { say "FAILED: the image's build context (the \"image context:\" line says why)"; exit 1; }
+say "building the wheel in the image's WORKDIR (${SRC#"$WORK/image"}: $(find "$SRC" -type f -o -type l | wc -l) files)"
+"$BUILDER" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 \
   || { tail -n 20 "$WORK/build.log"; exit 1; }
 WHEEL=$(ls "$WORK"/dist/inf_engine-*.whl)
-say "built $(basename "$WHEEL") ($(unzip -Z1 "$WHEEL" | wc -l) files, $(unzip -Z1 "$WHEEL" | grep -c '^app/db/migrations/') of them migrations)"
+CONTENTS=$(unzip -Z1 "$WHEEL")
+say "built $(basename "$WHEEL") ($(wc -l <<<"$CONTENTS") files, $(grep -c '^app/db/migrations/' <<<"$CONTENTS" || true) of them migrations)"
+if ! grep -q '^app/db/migrations/versions/0.*\.py$' <<<"$CONTENTS"; then
+  say "FAILED: the wheel has no app/db/migrations/versions: the image could not create its schema"
+  exit 1
+fi
 
 # -- a fresh venv without the engine extra -------------------------------------------------------------------------
 VENV="$WORK/venv"

@@ -250,5 +250,7 @@ def test_dockerfile_compiles_the_kernels_and_fails_without_them() -> None:
     assert "gcc" in text and "libgomp1" in text
     assert "from app.engine.kernels import available" in text and "sys.exit(0 if ok else 1)" in text
     assert 'ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu' in text
-    assert "COPY migrations" not in text  # they are package data now
+    # app/db/migrations (package data) is a link to ../../migrations: the image needs both (scripts/image_context.py)
+    assert "COPY migrations ./migrations" in text
+    assert "from app.db.migrate import migrations_dir" in text  # the build fails without them
     assert 'pip install ".[engine,flower]"' in text
