@@ -23,6 +23,7 @@ from app.db.repository.items import (
     start_items,
 )
 from app.db.repository.jobs import (
+    claim_job,
     claim_next_job,
     create_job,
     find_job_by_idempotency_key,
@@ -56,6 +57,7 @@ __all__ = [
     "add_items",
     "add_job_metrics",
     "add_parameter_version",
+    "claim_job",
     "claim_next_job",
     "count_items",
     "count_node_results",

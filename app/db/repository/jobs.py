@@ -104,6 +104,17 @@ def claim_next_job(session: Session, *, exclude: Iterable[str] = ()) -> Job | No
     return None
 
 
+def claim_job(session: Session, *, job_id: str) -> bool:
+    """queued → running for this job; False when it was not queued (a concurrent cancel or claimer)."""
+    now = utcnow()
+    claimed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.RUNNING, started_at=now, updated_at=now)
+    )
+    return bool(claimed.rowcount == 1)  # type: ignore[attr-defined]
+
+
 def request_cancel(session: Session, *, job_id: str) -> bool:
     """queued/running → cancelling; False when the job was not open (already finished or cancelling)."""
     now = utcnow()

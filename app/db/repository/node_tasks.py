@@ -290,14 +290,21 @@ def unfinished_node_tasks(session: Session, *, item_id: int) -> int:
 
 
 def close_job_node_tasks(session: Session, *, job_id: str) -> int:
-    """The job stopped (cancelled, expired): its nodes that wait or are queued will not run."""
+    """The job stopped (cancelled, expired): its nodes that wait or are queued will not run. Rows another
+    transaction holds are skipped, never waited for: that is a worker's claim or store of a stale message, which
+    closes its own row (waiting here while it waits for a row this statement locked would deadlock), and the
+    claim of any row left over finds its job closed."""
     now = utcnow()
+    locked = (
+        select(NodeTask.id)
+        .where(NodeTask.job_id == job_id, NodeTask.status.in_([NodeTaskStatus.WAITING, NodeTaskStatus.QUEUED]))
+        .with_for_update(skip_locked=True)
+    )
     result = session.execute(
         update(NodeTask)
-        .where(
-            NodeTask.job_id == job_id, NodeTask.status.in_([NodeTaskStatus.WAITING, NodeTaskStatus.QUEUED])
-        )
+        .where(NodeTask.id.in_(locked.scalar_subquery()))
         .values(status=NodeTaskStatus.FAILED, deadline=None, finished_at=now, updated_at=now)
+        .execution_options(synchronize_session=False)
     )
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 

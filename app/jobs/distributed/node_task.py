@@ -317,7 +317,7 @@ def _refill(worker: NodeWorker) -> None:
     if worker.window is None:
         return
     try:
-        worker.window.refill()
+        worker.window.refill_soon()
     except Exception as exc:
         log.warning("could not refill the dispatch windows (%s); the next refill will", exc)
 

@@ -87,7 +87,7 @@ def sweep(
         window = DispatchWindow(
             sessions, dispatcher, WindowPolicy(stale_s=policy.stale_s, group=getattr(dispatcher, "group", 1))
         )
-    report.refilled = window.refill()
+    report.refilled = max(0, window.refill())
     if any(vars(report).values()):
         log.info("sweep: %s", report)
     return report

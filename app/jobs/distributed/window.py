@@ -16,6 +16,7 @@ messages, each acknowledged without running.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ MIN_WINDOW = 8
 # them one after another on one worker, a good trade when many items keep every slot busy (a message costs a
 # worker more than a node's bookkeeping) and a bad one when few items' own parallelism is all there is.
 GROUP_MIN_ITEMS = 16
+HAND_OUT = 1000  # slots one round of a refill hands out (a larger window takes several rounds)
 CAPACITY_CACHE_S = 5.0  # how long the workers' announced capacity is trusted before it is read again
 
 #: queue -> the task slots of the workers consuming it (None: nobody announced)
@@ -48,7 +50,7 @@ class WindowPolicy:
     """How large each queue's window is and how it is shared (from Settings).
 
     ``window``: node tasks sent and not claimed yet per queue (0: the task slots of the workers consuming it, at
-    least ``MIN_WINDOW``); ``caps``: per-queue upper bounds (an endpoint's concurrency: more messages than calls
+    least ``MIN_WINDOW``, within ``caps``); ``caps``: per-queue upper bounds of that sizing (an endpoint's concurrency: more messages than calls
     can run only make a later job wait behind them); ``weights``: tenant -> share weight (1 by default);
     ``tenant_quota``: tenant -> node tasks it may hold in flight on all queues (0: no quota)."""
 
@@ -70,13 +72,18 @@ class DispatchWindow:
         policy: WindowPolicy | None = None,
         *,
         capacity: Capacity | None = None,
+        coalesce_s: float = 0.0,
     ) -> None:
         self.sessions = sessions
         self.dispatcher = dispatcher
         self.policy = policy or WindowPolicy()
+        self.coalesce_s = coalesce_s
         self._capacity = capacity
         self._sizes: dict[str, int] = {}
         self._sized_at = float("-inf")
+        self._due = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
 
     @property
     def queues(self) -> Sequence[str]:
@@ -85,7 +92,7 @@ class DispatchWindow:
     def size(self, queue: str) -> int:
         """The queue's window: the setting, else the consumers' task slots (read at most every few seconds)."""
         if self.policy.window > 0:
-            size = self.policy.window
+            return self.policy.window  # the operator's choice overrides the sizing and the caps
         else:
             now = time.monotonic()
             if now - self._sized_at > CAPACITY_CACHE_S:
@@ -105,22 +112,50 @@ class DispatchWindow:
             return DEFAULT_WINDOW
         return DEFAULT_WINDOW if not slots else max(MIN_WINDOW, slots)
 
+    def refill_soon(self) -> None:
+        """Refill now, or (with ``coalesce_s``) on this process's refiller thread within ``coalesce_s``: the
+        deliveries that end meanwhile share one refill, so the broker gets fewer, fuller messages and a task
+        thread does not wait for PostgreSQL."""
+        if self.coalesce_s <= 0:
+            self.refill()
+            return
+        self._due.set()
+        if self._thread is None or not self._thread.is_alive():
+            with self._thread_lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._refiller, name="dispatch-window", daemon=True)
+                    self._thread.start()
+
+    def _refiller(self) -> None:
+        while True:
+            self._due.wait()
+            time.sleep(self.coalesce_s)
+            self._due.clear()
+            try:
+                if self.refill() < 0:
+                    self._due.set()  # another process refills: look again after it
+            except Exception as exc:  # the database is away: the next delivery asks again
+                log.warning("could not refill the dispatch windows (%s); retrying", exc)
+
     def refill(self) -> int:
-        """Send what the windows have room for; returns the node tasks sent (0 when another refill runs)."""
+        """Send what the windows have room for; returns the node tasks sent, -1 when another refill runs."""
+        backlog: set[str] = set()
         with session_scope(self.sessions) as session:
-            refs = self._take(session)
+            refs = self._take(session, backlog)
         if not refs:
-            return 0
-        messages = _messages(refs, self.policy.group)
+            return 0 if refs is not None else -1
+        messages = _messages(refs, self.policy.group, backlog)
         try:
             self.dispatcher.send(messages)
         except Exception as exc:  # marked sent: the sweeper sends them again once their deadline passes
             log.warning("could not send %d node tasks (%s); the sweeper will", len(refs), exc)
         return len(refs)
 
-    def _take(self, session: Session) -> list[NodeTaskRef]:
+    def _take(self, session: Session, backlog: set[str]) -> list[NodeTaskRef] | None:
+        """The nodes to send (marked sent); None when another refill holds the lock. Jobs that have more
+        unsent nodes than they got are added to ``backlog``."""
         if not window_repo.try_lock_dispatch(session):
-            return []
+            return None
         jobs = window_repo.open_jobs(session)
         if not jobs:
             return []
@@ -142,7 +177,7 @@ class DispatchWindow:
             demands = [
                 Demand(j.id, j.tenant, j.priority, held.get(j.id, 0), None, j.created_at.timestamp()) for j in jobs
             ]
-            got = self._fill(session, queue, free, demands, room, now, deadline)
+            got = self._fill(session, queue, free, demands, room, now, deadline, backlog)
             for ref in got:
                 tenant = tenant_of.get(ref.job_id)
                 if tenant in room:
@@ -176,13 +211,15 @@ class DispatchWindow:
         room: dict[str, int],
         now: datetime,
         deadline: datetime,
+        backlog: set[str],
     ) -> list[NodeTaskRef]:
         """Hand ``free`` slots out fairly, taking each job's share of its unsent nodes; a job that has fewer than
         its share drops out and the rest is handed out again (at most one round per job)."""
         taken: list[NodeTaskRef] = []
         room = dict(room)
         while free > 0 and demands:
-            grants = allocate(free, demands, weights=self.policy.weights, tenant_room=room)
+            # slots are handed out one at a time: a round of at most HAND_OUT keeps that cheap for any window
+            grants = allocate(min(free, HAND_OUT), demands, weights=self.policy.weights, tenant_room=room)
             if not grants:
                 break
             for job_id, n in grants.items():
@@ -197,18 +234,21 @@ class DispatchWindow:
                     room[demand.tenant] -= len(got)
                 if len(got) < n:
                     demands.pop(index)  # nothing more of this job on this queue now
+                    backlog.discard(job_id)
                 else:
+                    backlog.add(job_id)
                     demands[index] = replace(demand, in_flight=demand.in_flight + len(got))
         return taken
 
 
-def _messages(refs: Sequence[NodeTaskRef], group: int) -> list[NodeMessage]:
-    """One message a node, except for a job with nodes of many items in this refill (see ``GROUP_MIN_ITEMS``)."""
+def _messages(refs: Sequence[NodeTaskRef], group: int, backlog: set[str]) -> list[NodeMessage]:
+    """One message a node, except for a job with nodes of many items in this refill (see ``GROUP_MIN_ITEMS``) or
+    more ready nodes than it got (a backlog: its parallelism is not what it lacks)."""
     by_job: dict[str, list[NodeTaskRef]] = {}
     for ref in refs:
         by_job.setdefault(ref.job_id, []).append(ref)
     messages: list[NodeMessage] = []
-    for job_refs in by_job.values():
-        many = len({r.item_id for r in job_refs}) >= GROUP_MIN_ITEMS
+    for job_id, job_refs in by_job.items():
+        many = job_id in backlog or len({r.item_id for r in job_refs}) >= GROUP_MIN_ITEMS
         messages.extend(messages_of(job_refs, group if many else 1))
     return messages

@@ -18,8 +18,9 @@ from app.jobs.distributed.limited import GloballyLimitedResources, WaitHook
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy, NodeWorker
 from app.jobs.distributed.presence import WorkerPresence
-from app.jobs.distributed.transport.queues import LOCAL_ENGINE_PROVIDERS, Queues
+from app.jobs.distributed.transport.queues import Queues
 from app.jobs.distributed.window import DispatchWindow, WindowPolicy
+from app.jobs.limits.fairness import endpoints_cap
 from app.pipeline.resources import ResourceConfig
 from app.settings import Settings
 
@@ -42,11 +43,14 @@ def endpoints_of(settings: Settings) -> Endpoints:
     return Endpoints(config, settings.model)
 
 
+REFILL_COALESCE_S = 0.01  # deliveries ending within this share one refill of the dispatch windows
+
+
 def window_policy(settings: Settings, endpoints: Endpoints, group: int = 1) -> WindowPolicy:
     """The dispatch windows' settings: their size, the llm queue's cap from the endpoints' concurrency, the
     tenants' weights and in-flight quotas."""
     caps: dict[str, int] = {}
-    llm_cap = _llm_endpoints_cap(endpoints)
+    llm_cap = endpoints_cap(endpoints.config)
     if llm_cap:
         caps[Queues.from_prefix(settings.celery_queue_prefix).llm] = llm_cap
     return WindowPolicy(
@@ -63,22 +67,6 @@ def _inflight_quota(settings: Settings, tenant: str) -> int:
     return int(settings.tenant_quotas.get(tenant, {}).get("max_inflight_nodes", settings.tenant_max_inflight_nodes))
 
 
-def _llm_endpoints_cap(endpoints: Endpoints) -> int | None:
-    """Twice the calls the remote endpoints can take at once (a message waits ready as each call ends), when
-    every one of them has ``max_concurrent``; None otherwise (the workers' slots alone size the window)."""
-    if endpoints.config is None:
-        return None
-    distinct = {}
-    for alias in endpoints.config:
-        for e in endpoints.config[alias]:
-            if e.provider in LOCAL_ENGINE_PROVIDERS and not e.base_url:
-                continue  # the engine queue's
-            distinct[(e.provider, e.base_url, e.model)] = e.max_concurrent
-    if not distinct or any(limit is None for limit in distinct.values()):
-        return None
-    return 2 * sum(int(limit or 0) for limit in distinct.values())
-
-
 def dispatch_window(
     settings: Settings, sessions: sessionmaker[Session], dispatcher: Dispatcher, endpoints: Endpoints
 ) -> DispatchWindow:
@@ -88,7 +76,7 @@ def dispatch_window(
         presence = WorkerPresence(Redis.from_url(settings.redis_url, socket_timeout=5), settings.redis_prefix)
         capacity = presence.capacity
     policy = window_policy(settings, endpoints, getattr(dispatcher, "group", 1))
-    return DispatchWindow(sessions, dispatcher, policy, capacity=capacity)
+    return DispatchWindow(sessions, dispatcher, policy, capacity=capacity, coalesce_s=REFILL_COALESCE_S)
 
 
 class WorkerResources:

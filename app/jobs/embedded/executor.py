@@ -1,8 +1,12 @@
 """The embedded executor: runs jobs inside the server process (issue 6 moves node execution to Celery).
 
-A background task claims queued jobs (most urgent first: lowest priority value, then oldest), runs up to
+A background task claims queued jobs (by the fair-share policy of :mod:`app.jobs.limits.fairness`: lowest
+priority value first, then the tenant with the fewest running jobs, then the oldest), runs up to
 ``jobs_max_running`` of them at once, finishes cancelled ones, and at start resumes the jobs that were running
-when the previous server process ended. It assumes it is the only executor on its database.
+when the previous server process ended. The running jobs' items in flight share one :class:`FairGate` (its
+capacity: ``dispatch_window``, else twice the endpoints' ``max_concurrent``, at least 32), so a small job of
+another tenant starts its items as soon as a slot frees instead of queueing behind a big job's. It assumes it
+is the only executor on its database.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from app.aio import wait_event
 from app.db import JobStatus, repository, session_scope
 from app.jobs.embedded.events import JobEvents
 from app.jobs.embedded.runner import JobRun, ResourcesFor, RunOptions, finish_cancelled
+from app.jobs.limits.fairness import Demand, FairGate, next_job
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,7 @@ class EmbeddedExecutor:
         max_running: int = 4,
         poll_interval: float = 1.0,
         options: RunOptions | None = None,
+        gate: FairGate | None = None,
     ) -> None:
         self.sessions = sessions
         self.resources_for = resources_for
@@ -38,6 +44,7 @@ class EmbeddedExecutor:
         self.max_running = max_running
         self.poll_interval = poll_interval
         self.options = options or RunOptions()
+        self.gate = gate or FairGate(self.options.window)
         self.runs: dict[str, JobRun] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -97,7 +104,7 @@ class EmbeddedExecutor:
 
     def _launch(self, job_id: str) -> None:
         run = JobRun(job_id, self.sessions, resources_for=self.resources_for, events=self.events,
-                     options=self.options)
+                     options=self.options, gate=self.gate)
         self.runs[job_id] = run
         task = asyncio.get_running_loop().create_task(self._run(run), name=f"job-{job_id}")
         self._tasks[job_id] = task
@@ -122,6 +129,17 @@ class EmbeddedExecutor:
             return [j.id for j in repository.jobs_with_status(session, statuses=[JobStatus.CANCELLING], kind=None)]
 
     def _claim(self) -> str | None:
+        """The next queued job to run, fairly between tenants (see the module docstring)."""
         with session_scope(self.sessions) as session:
-            job = repository.claim_next_job(session, exclude=list(self.runs))
-            return job.id if job is not None else None
+            demands = [
+                Demand(j.id, j.owner, j.priority, int(j.status != JobStatus.QUEUED),
+                       int(j.status == JobStatus.QUEUED and j.id not in self.runs), j.created_at.timestamp())
+                for j in repository.jobs_with_status(
+                    session, statuses=[JobStatus.QUEUED, JobStatus.RUNNING], kind=None
+                )
+            ]
+            while (job_id := next_job(demands, weights=self.gate.weights)) is not None:
+                if repository.claim_job(session, job_id=job_id):
+                    return job_id
+                demands = [d for d in demands if d.job_id != job_id]  # cancelled meanwhile
+            return None

@@ -23,6 +23,7 @@ from app.jobs.embedded.events import JobEvents
 from app.jobs.embedded.writer import ResultWriter, endpoint_cost
 from app.jobs.encoding import decode_item_input, decode_value, error_of, to_jsonable
 from app.jobs.graphs import load_module, trace_item
+from app.jobs.limits.fairness import FairGate, Share
 from app.pipeline.execution.executor import outputs_of
 from app.pipeline.execution.scheduler import Scheduler
 from app.pipeline.execution.state import ExecutionState, TaskResult
@@ -71,13 +72,18 @@ class JobRun:
         resources_for: ResourcesFor,
         events: JobEvents,
         options: RunOptions | None = None,
+        gate: FairGate | None = None,
     ) -> None:
         self.job_id = job_id
+
         self.sessions = sessions
         self.resources_for = resources_for
         self.resources: Any = None
         self.events = events
         self.options = options or RunOptions()
+        # the items in flight of every job of this executor, shared fairly (app.jobs.limits.fairness)
+        self.gate = gate or FairGate(self.options.window)
+        self.share = Share(job_id, "anonymous", 0)
         self.profiler = TraceProfiler(include_args=False, process_name=f"job {job_id}")
         self.writer = ResultWriter(sessions, job_id, on_commit=lambda: events.publish(job_id))
         self.scheduler: Scheduler | None = None
@@ -122,7 +128,7 @@ class JobRun:
     async def _execute(self) -> dict[str, Any] | None:
         """Run every open item; a job-level problem (pipeline cannot load, endpoints missing) is returned."""
         try:
-            pipeline_name, parameter_state, aliases = await asyncio.to_thread(self._load_job)
+            pipeline_name, parameter_state, aliases, self.share = await asyncio.to_thread(self._load_job)
             module = load_module(pipeline_name, parameter_state)
         except Exception as exc:
             return {"type": type(exc).__name__, "message": f"the pipeline cannot be loaded: {exc}"}
@@ -158,8 +164,13 @@ class JobRun:
                     position = item.position
                     continue
                 await self._slots.acquire()
-                if self._cancelled or self._stopped:
+                try:
+                    await self.gate.acquire(self.share)  # the fair share of the executor's items in flight
+                except BaseException:
                     self._slots.release()
+                    raise
+                if self._cancelled or self._stopped:
+                    self._release()
                     break
                 self._submit(module, item)
                 position = item.position
@@ -183,7 +194,7 @@ class JobRun:
             state = ExecutionState(graph, execution_id=f"{self.job_id}:{item.custom_id}", preloaded=preloaded)
         except Exception as exc:
             self.writer.item_done(ItemOutcome(item.id, ItemStatus.FAILED, None, error_of(exc)))
-            self._slots.release()
+            self._release()
             return
         writer, nodes = self.writer, graph.nodes
 
@@ -194,9 +205,13 @@ class JobRun:
         self._futures.add(future)
         future.add_done_callback(lambda f: self._item_finished(item, state, f))
 
+    def _release(self) -> None:
+        self._slots.release()
+        self.gate.release(self.job_id)
+
     def _item_finished(self, item: _OpenItem, state: ExecutionState, future: asyncio.Future[Any]) -> None:
         self._futures.discard(future)
-        self._slots.release()
+        self._release()
         if future.cancelled():
             return  # cancelled or stopped: the item stays open (stop) or is marked cancelled by _finish
         try:
@@ -207,7 +222,7 @@ class JobRun:
             self.writer.item_done(ItemOutcome(item.id, ItemStatus.COMPLETED, output, None))
 
     # -- database steps (run in a worker thread) ------------------------------------------------------------
-    def _load_job(self) -> tuple[str, dict[str, Any], list[str]]:
+    def _load_job(self) -> tuple[str, dict[str, Any], list[str], Share]:
         with session_scope(self.sessions) as session:
             job = repository.get_job(session, job_id=self.job_id)
             if job is None:
@@ -218,7 +233,8 @@ class JobRun:
                 n["config"].get("alias") for n in (pipeline.graph or {}).get("nodes", [])
                 if n.get("kind") == "llm" and n.get("config", {}).get("alias")
             })
-            return job.pipeline_name, dict(pipeline.parameter_state or {}), aliases
+            share = Share(self.job_id, job.owner, job.priority, job.created_at.timestamp())
+            return job.pipeline_name, dict(pipeline.parameter_state or {}), aliases, share
 
     def _next_page(self, after_position: int) -> list[_OpenItem]:
         with session_scope(self.sessions) as session:
