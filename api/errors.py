@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.middleware import RequestTooLarge, too_large_response
 from app.db.input_errors import CANDIDATE_TYPES, first_line, refused_input
-from app.jobs.errors import JobError
+from app.jobs.errors import JobError, QuotaExceeded
 from app.serving.backends.base import BackendError
 from app.serving.errors import APIError, bad_request, error_body, from_validation_errors, too_deep
 
@@ -29,13 +29,17 @@ def api_error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
 
 
-_JOB_STATUS = {"invalid_request": 400, "too_large": 413, "not_found": 404, "conflict": 409}
+_JOB_STATUS = {"invalid_request": 400, "too_large": 413, "not_found": 404, "conflict": 409, "quota_exceeded": 429}
 
 
 def job_api_error(exc: JobError) -> APIError:
-    """The job layer's domain errors as HTTP: bad input 400, too large 413, unknown job 404, wrong state 409."""
+    """The job layer's domain errors as HTTP: bad input 400, too large 413, unknown job 404, wrong state 409, a
+    tenant's quota 429 (type ``quota_exceeded``, with ``Retry-After`` as OpenAI's 429s have)."""
     status = _JOB_STATUS.get(exc.kind, 400)
     code = exc.code or ("payload_too_large" if status == 413 else None)
+    if isinstance(exc, QuotaExceeded):
+        return APIError(status, exc.message, type="quota_exceeded", param=exc.param, code=code,
+                        headers={"Retry-After": str(exc.retry_after_s)})
     return APIError(status, exc.message, param=exc.param, code=code)
 
 

@@ -10,9 +10,10 @@ from typing import Any
 from redis import Redis
 
 from app.db import JobStatus
-from app.db.repository.platform_stats import job_status_counts
+from app.db.repository.platform_stats import job_status_counts, tenant_item_counts
 from app.jobs.distributed.monitoring import JobCounts, PlatformCollector
 from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.tenants import ANONYMOUS, KeyRing
 from app.settings import Settings
 
 
@@ -50,7 +51,8 @@ def platform_collector(settings: Settings, jobs: JobsRuntime) -> PlatformCollect
             return None
         with jobs.session() as session:
             by_status, items = job_status_counts(session)
-        return JobCounts(by_status, items)
+            tenant_items = tenant_item_counts(session)
+        return JobCounts(by_status, items, tenant_items)
 
     lock = threading.Lock()
     client: list[Redis] = []
@@ -64,5 +66,7 @@ def platform_collector(settings: Settings, jobs: JobsRuntime) -> PlatformCollect
             return client[0]
 
     queues = {name: queue_keys(settings, name) for name in Queues.from_prefix(settings.celery_queue_prefix).all()}
-    return PlatformCollector(job_counts, redis, settings.redis_prefix, queues, [s.value for s in JobStatus])
+    ring = KeyRing(settings.api_keys)
+    tenants = sorted({ANONYMOUS} if ring.open else {entry.tenant for entry in ring.entries})  # shown even when idle
+    return PlatformCollector(job_counts, redis, settings.redis_prefix, queues, [s.value for s in JobStatus], tenants)
 

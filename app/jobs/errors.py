@@ -35,3 +35,11 @@ class JobConflict(JobError):
     """The request does not fit the job's state (e.g. cancelling a finished job)."""
 
     kind = "conflict"
+
+
+class QuotaExceeded(JobError):
+    """The tenant's quota would be exceeded (e.g. ``tenant_max_queued_items``); asking again later may pass, so
+    the API answers 429 with ``Retry-After: retry_after_s``."""
+
+    kind = "quota_exceeded"
+    retry_after_s = 5

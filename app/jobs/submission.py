@@ -15,10 +15,11 @@ from sqlalchemy.orm import Session
 
 from app.db import Job, repository
 from app.jobs.encoding import encode_item_input
-from app.jobs.errors import InvalidJobInput, JobConflict, PayloadTooLarge
+from app.jobs.errors import InvalidJobInput, JobConflict, PayloadTooLarge, QuotaExceeded
 from app.jobs.graphs import graph_forms, import_path_of, load_module, shape_key, trace_item
 from app.jobs.ids import new_job_id
 from app.jobs.inputs import BatchItem, InputFileError, parse_item, parse_jsonl
+from app.jobs.limits.quotas import QuotaTable, admit_items
 from app.jobs.registry import UnknownPipelineError, load_pipeline_class
 
 
@@ -38,6 +39,7 @@ class JobRequest:
 class Limits:
     max_items: int = 100_000
     max_bytes: int = 100 * 1024 * 1024
+    quotas: QuotaTable = field(default_factory=QuotaTable)  # per tenant; the default has none
 
 
 def submit_job(
@@ -60,6 +62,15 @@ def submit_job(
     items = _read_items(session, request, owner, limits)
     pipeline = repository.get_or_create_pipeline(session, owner=owner, name=import_path, import_path=import_path)
     graph_hashes = _trace_items(session, pipeline, request.pipeline, items)
+    try:
+        admit_items(session, tenant=owner, adding=len(items), quotas=limits.quotas)
+    except QuotaExceeded:
+        # a twin with the same idempotency key committed while this one waited for the tenant's lock: its job
+        # is the answer, not a refusal
+        twin = _job_of_key(session, owner, request.idempotency_key)
+        if twin is None:
+            raise
+        return _same_request(twin, request, fingerprint), False
     job_id = new_job_id()
     try:
         with session.begin_nested():  # a concurrent twin with the same idempotency key loses here
@@ -70,7 +81,7 @@ def submit_job(
                 input_file_id=request.input_file_id, kind=kind, expires_at=expires_at,
             )
     except IntegrityError:
-        existing = repository.find_job_by_idempotency_key(session, owner=owner, key=request.idempotency_key or "")
+        existing = _job_of_key(session, owner, request.idempotency_key)
         if existing is None:
             raise
         return _same_request(existing, request, fingerprint), False
@@ -81,6 +92,10 @@ def submit_job(
     ]
     repository.add_items(session, job_id=job.id, rows=rows)
     return job, True
+
+
+def _job_of_key(session: Session, owner: str, key: str | None) -> Job | None:
+    return repository.find_job_by_idempotency_key(session, owner=owner, key=key) if key else None
 
 
 def request_fingerprint(request: JobRequest) -> str:

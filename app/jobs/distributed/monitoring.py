@@ -7,6 +7,7 @@ process's Prometheus registry: each observation is a few ``HINCRBY`` on shared h
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -125,15 +126,18 @@ class BufferedRecorder:
 
 @dataclass(frozen=True)
 class JobCounts:
-    """From the jobs table: jobs per status, and the items of all jobs that finished, per outcome."""
+    """From the jobs table: jobs per status, the items of all jobs that finished, per outcome, and each tenant's
+    open items (``{tenant: {"pending": n, "running": m}}``)."""
 
     jobs: Mapping[str, int]
     items_done: Mapping[str, int]
+    tenant_items: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
 
 
 class PlatformCollector(Collector):
     """Reads everything at scrape time. ``job_counts`` returns None while the jobs database is not open;
-    ``redis`` returns None without Redis; ``queues`` maps each queue name to its Redis lists."""
+    ``redis`` returns None without Redis; ``queues`` maps each queue name to its Redis lists; ``tenants`` are
+    shown in the per-tenant gauges even with nothing open (others only while they have open jobs)."""
 
     def __init__(
         self,
@@ -142,12 +146,14 @@ class PlatformCollector(Collector):
         prefix: str,
         queues: Mapping[str, Sequence[str]],
         job_statuses: Sequence[str] = (),
+        tenants: Sequence[str] = (),
     ) -> None:
         self._job_counts = job_counts
         self._redis = redis
         self._prefix = prefix
         self._queues = queues
         self._job_statuses = job_statuses
+        self._tenants = tenants
 
     def collect(self) -> Iterator[Metric]:
         yield from self._jobs()
@@ -176,6 +182,21 @@ class PlatformCollector(Collector):
         for status in ("completed", "failed", "cancelled"):
             done.add_metric([status], float(counts.items_done.get(status, 0)))
         yield done
+        yield from self._tenant_gauges(counts.tenant_items)
+
+    def _tenant_gauges(self, tenant_items: Mapping[str, Mapping[str, int]]) -> Iterator[Metric]:
+        queued = GaugeMetricFamily(
+            "inf_engine_tenant_queued_items", "Items pending in each tenant's open jobs.", labels=["tenant"]
+        )
+        running = GaugeMetricFamily(
+            "inf_engine_tenant_running_items", "Items running in each tenant's open jobs.", labels=["tenant"]
+        )
+        for tenant in sorted({*self._tenants, *tenant_items}):
+            counts = tenant_items.get(tenant, {})
+            queued.add_metric([tenant], float(counts.get("pending", 0)))
+            running.add_metric([tenant], float(counts.get("running", 0)))
+        yield queued
+        yield running
 
     def _from_redis(self, redis: Redis) -> Iterator[Metric]:
         depth = GaugeMetricFamily("inf_engine_queue_depth", "Node tasks waiting in each queue.", labels=["queue"])
