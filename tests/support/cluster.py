@@ -23,7 +23,7 @@ from app.db import Item, create_db_engine, make_session_factory, session_scope
 from app.db.models import NodeTask
 from app.jobs.distributed import dispatch_job
 from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
-from app.jobs.distributed.worker import endpoints_of, node_policy
+from app.jobs.distributed.worker import dispatch_window, endpoints_of, node_policy
 from app.jobs.registry import configure_registry
 from app.jobs.service import describe_job
 from app.jobs.submission import JobRequest, submit_job
@@ -160,16 +160,32 @@ class Cluster:
             self._engine = None
 
     # -- jobs -------------------------------------------------------------------------------------------------
-    def submit(self, pipeline: str, inputs: list[Any], dispatch: bool = True) -> str:
-        """What ``POST /v1/jobs`` does: one transaction, then the first nodes are sent after the commit."""
+    def submit(
+        self, pipeline: str, inputs: list[Any], dispatch: bool = True, *, owner: str = "anonymous", priority: int = 0
+    ) -> str:
+        """What ``POST /v1/jobs`` does: one transaction, then the node rows are written and the dispatch windows
+        (sized as the API sizes them) refilled after the commit."""
         sessions = make_session_factory(self.engine)
         configure_registry(self.settings.pipeline_modules)  # as the server does at start
         with session_scope(sessions) as session:
-            job, _ = submit_job(session, JobRequest(pipeline, inputs=inputs))
+            job, _ = submit_job(session, JobRequest(pipeline, inputs=inputs, priority=priority), owner=owner)
         if dispatch:
             settings = self.settings
-            dispatch_job(sessions, job.id, self.dispatcher, endpoints_of(settings), node_policy(settings))
+            endpoints = endpoints_of(settings)
+            window = dispatch_window(settings, sessions, self.dispatcher, endpoints)
+            dispatch_job(sessions, job.id, self.dispatcher, endpoints, node_policy(settings), window=window)
         return job.id
+
+    def queued_messages(self, kind: str = "llm") -> int:
+        """Messages waiting in Redis in one of this test's queues (every priority level)."""
+        return self.dispatcher.queue_depth(f"{self.prefix}.{kind}")
+
+    def unclaimed_sent(self, kind: str = "llm") -> int:
+        """Node tasks whose message was sent and not claimed yet (what the dispatch window bounds)."""
+        with session_scope(make_session_factory(self.engine)) as session:
+            stmt = select(func.count()).select_from(NodeTask).where(
+                NodeTask.queue == f"{self.prefix}.{kind}", NodeTask.status == "queued", NodeTask.sent_at.is_not(None))
+            return int(session.scalar(stmt) or 0)
 
     def view(self, job_id: str) -> dict[str, Any]:
         with session_scope(make_session_factory(self.engine)) as session:
