@@ -21,6 +21,7 @@ from app.jobs.distributed.presence import WorkerPresence
 from app.jobs.distributed.transport.queues import Queues
 from app.jobs.distributed.window import DispatchWindow, WindowPolicy
 from app.jobs.limits.fairness import endpoints_cap
+from app.jobs.limits.quotas import QuotaTable
 from app.pipeline.resources import ResourceConfig
 from app.settings import Settings
 
@@ -53,18 +54,15 @@ def window_policy(settings: Settings, endpoints: Endpoints, group: int = 1) -> W
     llm_cap = endpoints_cap(endpoints.config)
     if llm_cap:
         caps[Queues.from_prefix(settings.celery_queue_prefix).llm] = llm_cap
+    quotas = QuotaTable.from_settings(settings)
     return WindowPolicy(
         window=settings.dispatch_window,
         caps=caps,
         weights=dict(settings.tenant_weights),
-        tenant_quota=lambda tenant: _inflight_quota(settings, tenant),
+        tenant_quota=lambda tenant: quotas.for_tenant(tenant).max_inflight_nodes,
         stale_s=settings.node_stale_seconds,
         group=group,
     )
-
-
-def _inflight_quota(settings: Settings, tenant: str) -> int:
-    return int(settings.tenant_quotas.get(tenant, {}).get("max_inflight_nodes", settings.tenant_max_inflight_nodes))
 
 
 def dispatch_window(

@@ -88,7 +88,8 @@ class JobRun:
         self.writer = ResultWriter(sessions, job_id, on_commit=lambda: events.publish(job_id))
         self.scheduler: Scheduler | None = None
         self._futures: set[asyncio.Future[Any]] = set()
-        self._slots = asyncio.Semaphore(self.options.window)
+        # a job's own cap on its items in flight never keeps it from a slot of the gate that is due to it
+        self._slots = asyncio.Semaphore(max(self.options.window, self.gate.capacity))
         self._cancelled = False
         self._stopped = False
 
@@ -149,6 +150,18 @@ class JobRun:
             resource_manager=self.resources, max_concurrent=self.options.max_concurrent,
             max_task_retries=None, profiler=self.profiler,
         )
+        try:
+            self.gate.open(self.share)
+            await self._submit_all(module)
+        finally:
+            self.gate.close(self.job_id)
+        # wait for the items in flight (after cancel/stop they finish as cancelled at once)
+        while self._futures:
+            await asyncio.wait(set(self._futures))
+        return None
+
+    async def _submit_all(self, module: Any) -> None:
+        """Start every open item, page by page, each once the gate gives it a slot."""
         position = -1
         while not (self._cancelled or self._stopped):
             page = await asyncio.to_thread(self._next_page, position)
@@ -174,10 +187,6 @@ class JobRun:
                     break
                 self._submit(module, item)
                 position = item.position
-        # wait for the items in flight (after cancel/stop they finish as cancelled at once)
-        while self._futures:
-            await asyncio.wait(set(self._futures))
-        return None
 
     def _submit(self, module: Any, item: _OpenItem) -> None:
         assert self.scheduler is not None

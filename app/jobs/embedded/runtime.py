@@ -22,13 +22,16 @@ from app.db.session import sqlite_path
 from app.jobs.embedded.events import JobEvents
 from app.jobs.embedded.executor import EmbeddedExecutor
 from app.jobs.embedded.runner import RunOptions
+from app.jobs.limits.fairness import FairGate, endpoints_cap
 from app.jobs.limits.quotas import QuotaTable
 from app.jobs.submission import Limits
+from app.pipeline.resources.config import ResourceConfig
 from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.jobs.distributed.submitter import DistributedJobs
 
+MIN_GATE = 32  # items in flight the embedded executor's gate allows at least
 log = logging.getLogger(__name__)
 
 
@@ -104,9 +107,23 @@ class JobsRuntime:
                     max_running=self.settings.jobs_max_running,
                     poll_interval=self.settings.jobs_poll_interval,
                     options=RunOptions(max_concurrent=self.settings.default_max_concurrent),
+                    gate=self._fair_gate(),
                 )
                 await executor.start()  # resumes interrupted jobs; set only once that worked
                 self.executor = executor
+
+    def _fair_gate(self) -> FairGate:
+        """The executor's items in flight, shared fairly between jobs and tenants: ``dispatch_window`` items, else
+        twice the endpoints' max_concurrent (at least 32), else the per-job window."""
+        settings = self.settings
+        size = settings.dispatch_window
+        if not size:
+            config = None
+            if settings.resources_file is not None:
+                config = ResourceConfig.from_file(settings.resources_file)
+            cap = endpoints_cap(config)
+            size = max(MIN_GATE, cap) if cap else RunOptions().window
+        return FairGate(size, weights=settings.tenant_weights)
 
     async def _start_distributed(self) -> None:
         from app.jobs.distributed.submitter import DistributedJobs

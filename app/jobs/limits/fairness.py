@@ -129,8 +129,10 @@ class Share:
 
 class FairGate:
     """``capacity`` slots shared by the jobs of one process (the embedded executor's items in flight), handed out
-    by the same policy as the distributed dispatch windows: when a slot frees, the waiting job that
-    :func:`next_job` names gets it. Not thread-safe: use it from one event loop."""
+    by the same policy as the distributed dispatch windows: when a slot frees, the job that :func:`next_job`
+    names gets it. A job that has more to start declares it (:meth:`open` ... :meth:`close`): the policy counts
+    it as wanting a slot even between two of its requests, and a slot it is due is kept for it rather than
+    given to a less urgent job that happens to be waiting. Not thread-safe: use it from one event loop."""
 
     def __init__(self, capacity: int, *, weights: Mapping[str, float] | None = None) -> None:
         if capacity < 1:
@@ -144,6 +146,20 @@ class FairGate:
         # tenants holding the same alternate (a job never served comes first, the older first)
         self._grants = 0
         self._served: dict[str, int] = {}
+        self._open: set[str] = set()
+
+    def open(self, share: Share) -> None:
+        """``share``'s job has work to start (until :meth:`close`)."""
+        self._shares[share.job_id] = share
+        self._open.add(share.job_id)
+
+    def close(self, job_id: str) -> None:
+        """The job has nothing more to start: slots it was due go to others."""
+        self._open.discard(job_id)
+        if not self._held.get(job_id) and not self._waiting.get(job_id):
+            self._shares.pop(job_id, None)
+            self._served.pop(job_id, None)
+        self._grant()
 
     @property
     def in_use(self) -> int:
@@ -173,7 +189,7 @@ class FairGate:
             raise RuntimeError(f"job {job_id} released a slot of the gate it did not hold")
         if held == 1:
             del self._held[job_id]
-            if not self._waiting.get(job_id):
+            if not self._waiting.get(job_id) and job_id not in self._open:
                 self._shares.pop(job_id, None)
                 self._served.pop(job_id, None)
         else:
@@ -192,12 +208,12 @@ class FairGate:
         while self.in_use < self.capacity:
             demands = [
                 Demand(job_id, share.tenant, share.priority, self._held.get(job_id, 0),
-                       len(self._waiting.get(job_id, ())), self._order(job_id, share))
+                       len(self._waiting.get(job_id, ())) or int(job_id in self._open), self._order(job_id, share))
                 for job_id, share in self._shares.items()
             ]
             job_id = next_job(demands, weights=self.weights)
-            if job_id is None:
-                return
+            if job_id is None or not self._waiting.get(job_id):
+                return  # nobody wants a slot, or the slot is due to a job about to ask for it
             future = self._waiting[job_id].popleft()
             if not self._waiting[job_id]:
                 del self._waiting[job_id]

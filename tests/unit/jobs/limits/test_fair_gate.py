@@ -90,3 +90,22 @@ def test_the_endpoints_cap_is_twice_their_concurrency_when_all_are_limited() -> 
     assert endpoints_cap(None) is None
     engine_only = ResourceConfig({"a": {"provider": "native", "model": "default"}})
     assert endpoints_cap(engine_only) is None
+
+
+def test_a_slot_due_to_an_open_job_is_kept_for_it_until_it_asks_or_closes() -> None:
+    async def scenario() -> list[str]:
+        gate = FairGate(1)
+        order: list[str] = []
+        gate.open(BIG)  # the urgent-enough job is between two requests (reading its next page)
+        await _waiters(gate, BIG, 1, order)
+        await _waiters(gate, Share("later", "beta", 5), 1, order)
+        gate.release("big")  # due to the big job (priority 0), which is not waiting right now
+        await asyncio.sleep(0)
+        assert order == ["big"] and gate.in_use == 0  # kept free, not given to the less urgent job
+        await _waiters(gate, BIG, 1, order)  # the big job asks: it gets it at once
+        gate.release("big")
+        gate.close("big")  # nothing more to start: the slot goes to the waiting job
+        await asyncio.sleep(0)
+        return order
+
+    assert asyncio.run(scenario()) == ["big", "big", "later"]
