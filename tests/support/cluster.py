@@ -5,6 +5,7 @@ exactly as ``/v1/jobs`` does with Redis configured."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -97,7 +98,11 @@ class Cluster:
 
     @property
     def settings(self) -> Settings:
-        env = {k[len("INF_ENGINE_"):].lower(): v for k, v in self.env.items() if k.startswith("INF_ENGINE_")}
+        env: dict[str, Any] = {
+            k[len("INF_ENGINE_"):].lower(): v for k, v in self.env.items() if k.startswith("INF_ENGINE_")
+        }
+        # a JSON value (a dict or list setting) as the environment source would read it
+        env = {k: json.loads(v) if v[:1] in "{[" else v for k, v in env.items()}
         return Settings(**env)
 
     @property
@@ -179,6 +184,13 @@ class Cluster:
     def queued_messages(self, kind: str = "llm") -> int:
         """Messages waiting in Redis in one of this test's queues (every priority level)."""
         return self.dispatcher.queue_depth(f"{self.prefix}.{kind}")
+
+    def unclaimed_sent_of(self, job_id: str) -> int:
+        """The job's node tasks whose message was sent and not claimed yet."""
+        with session_scope(make_session_factory(self.engine)) as session:
+            stmt = select(func.count()).select_from(NodeTask).where(
+                NodeTask.job_id == job_id, NodeTask.status == "queued", NodeTask.sent_at.is_not(None))
+            return int(session.scalar(stmt) or 0)
 
     def unclaimed_sent(self, kind: str = "llm") -> int:
         """Node tasks whose message was sent and not claimed yet (what the dispatch window bounds)."""

@@ -125,3 +125,21 @@ def test_sigkill_with_a_small_window_loses_and_repeats_nothing(cluster: Cluster)
     states = cluster.item_states(job)
     assert sorted(q for _, _, q in states) == list(range(1, 201))  # each item finished exactly once
     assert cluster.node_counts(job) == {"done": 200}
+
+
+@pytest.mark.timeout(240)
+def test_a_tenants_in_flight_quota_caps_its_node_tasks_and_not_anothers(cluster: Cluster) -> None:
+    _limited(cluster, INF_ENGINE_TENANT_QUOTAS='{"acme": {"max_inflight_nodes": 3}}')
+    cluster.start_worker("w1", "--pool", "threads", "--concurrency", "16")
+    capped = cluster.submit("sentiment", _items("a", 60), owner="acme")
+    free = cluster.submit("sentiment", _items("b", 60), owner="beta")
+    peaks = {"acme": 0, "beta": 0}
+    while cluster.view(capped)["status"] != "completed" or cluster.view(free)["status"] != "completed":
+        counts = {"acme": cluster.node_counts(capped), "beta": cluster.node_counts(free)}
+        for tenant, by_status in counts.items():
+            in_flight = by_status.get("running", 0) + cluster.unclaimed_sent_of(capped if tenant == "acme" else free)
+            peaks[tenant] = max(peaks[tenant], in_flight)
+        time.sleep(0.02)
+    assert 0 < peaks["acme"] <= 3, peaks
+    assert peaks["beta"] > 3, peaks  # the other tenant is not held to acme's quota
+    assert cluster.node_counts(capped) == {"done": 60} and cluster.node_counts(free) == {"done": 60}
