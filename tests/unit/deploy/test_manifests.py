@@ -50,7 +50,7 @@ def test_compose_services_run_cli_commands() -> None:
     for name, service in services.items():
         if name != "migrate":  # a one-shot job
             assert "healthcheck" in service, f"{name} has no healthcheck"
-    assert "/health" in " ".join(services["api"]["healthcheck"]["test"])
+    assert "/ready" in " ".join(services["api"]["healthcheck"]["test"])  # the database at head, not only alive
     env = services["api"]["environment"]
     assert env["INF_ENGINE_REDIS_URL"].startswith("redis://redis:")
     assert float(env["INF_ENGINE_CELERY_VISIBILITY_TIMEOUT"]) > float(
@@ -97,8 +97,11 @@ def test_k8s_deployments_run_cli_commands_with_probes() -> None:
     for name, container in {**deployments, **_containers("StatefulSet")}.items():
         assert "livenessProbe" in container, f"{name} has no liveness probe"
     api = deployments["api"]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert api[probe]["httpGet"] == {"path": "/health", "port": 8000}
+    # readiness: also the database reachable and at the schema's head (a check of up to 2 s, so not the 1 s default)
+    assert api["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8000}
+    assert api["readinessProbe"]["timeoutSeconds"] >= 3
     assert deployments["flower"]["readinessProbe"]["httpGet"]["path"] == "/healthcheck"
 
 
@@ -168,6 +171,21 @@ def test_migrations_run_in_an_init_container_not_in_every_api_replica() -> None:
             )
 
 
+@pytest.mark.parametrize("name", ["worker", "engine-worker", "beat"])
+def test_workers_and_beat_wait_for_the_schema_instead_of_crash_looping(name: str) -> None:
+    spec = _pod_specs()[f"Deployment/{name}"]
+    (wait,) = spec["initContainers"]
+    command = wait["command"]
+    assert command[:4] == ["inf-engine", "db", "check", "--wait"] and float(command[4]) >= 300
+    assert "check" in {c.name for g in cli.registered_groups if g.name == "db" for c in g.typer_instance.registered_commands}
+    assert wait["image"] == spec["containers"][0]["image"]
+    assert wait["envFrom"] == spec["containers"][0]["envFrom"]
+    assert any(e["name"] == "INF_ENGINE_DATABASE_PASSWORD" for e in wait["env"])
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    if name in compose:
+        assert compose[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
 def test_redis_is_a_stateful_set_with_a_volume_and_noeviction() -> None:
     (redis,) = [d for d in _k8s_documents() if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "redis"]
     container = redis["spec"]["template"]["spec"]["containers"][0]
@@ -215,6 +233,7 @@ def test_engine_worker_is_cpu_by_default_and_gpu_is_opt_in() -> None:
     assert patch["target"]["name"] == "engine-worker"
     ops = yaml.safe_load(patch["patch"])
     assert {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "inf-engine:gpu"} in ops
+    assert {"op": "replace", "path": "/spec/template/spec/initContainers/0/image", "value": "inf-engine:gpu"} in ops
     assert any(op["path"].endswith("limits/nvidia.com~1gpu") and op["value"] == 1 for op in ops)
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
     assert "profiles" not in compose["engine-worker"] and "deploy" not in compose["engine-worker"]
