@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,8 @@ import yaml
 from app.cli import app as cli
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+K8S = DEPLOY / "k8s"
+BASE = K8S / "base"  # the manifests; deploy/k8s (CPU) and deploy/k8s/gpu are overlays of it
 CLI_COMMANDS = {c.name for c in cli.registered_commands} | {g.name for g in cli.registered_groups}
 
 
@@ -60,7 +64,7 @@ def test_compose_services_run_cli_commands() -> None:
 
 def _k8s_documents() -> list[dict[str, Any]]:
     docs = []
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+    for path in sorted(BASE.glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
@@ -74,9 +78,104 @@ def _containers(kind: str) -> dict[str, dict[str, Any]]:
 
 
 def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
-    files = {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml"}
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    files = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
+    assert kustomization["namespace"] == "inf-engine"
+    # deploy/k8s (kubectl apply -k deploy/k8s) is the base as it is: the CPU profile
+    top = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"]
+    assert set(top) == {"apiVersion", "kind", "resources"}
+    assert {p.name for p in K8S.glob("*.yaml")} == {"kustomization.yaml"}  # no manifest left outside base/
+
+
+# -- kustomize: no kustomization may list a folder above it ---------------------------------------------------------
+def _kustomization_cycles(root: Path) -> list[str]:
+    """Walk every kustomization under root through its folder resources as kustomize does; what it would reject.
+
+    kustomize refuses a resource folder that is, or contains, a kustomization root already being built ("cycle
+    detected: candidate root ... contains visited root"): an overlay listing `..`, its own parent, is one.
+    """
+    problems: list[str] = []
+
+    def visit(folder: Path, visited: tuple[Path, ...]) -> None:
+        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text()) or {}
+        for resource in kustomization.get("resources", []):
+            candidate = (folder / resource).resolve()
+            if candidate.is_file():
+                continue
+            if not (candidate / "kustomization.yaml").is_file():
+                problems.append(f"{folder.relative_to(root)}: {resource} is neither a file nor a kustomization")
+                continue
+            if any(v == candidate or candidate in v.parents for v in visited):
+                problems.append(f"{folder.relative_to(root)}: {resource} contains a folder being built (a cycle)")
+                continue
+            visit(candidate, (*visited, candidate))
+
+    for path in sorted(root.rglob("kustomization.yaml")):
+        visit(path.parent.resolve(), (path.parent.resolve(),))
+    return problems
+
+
+def test_no_kustomization_lists_an_ancestor_folder() -> None:
+    """Runs without kubectl: the structure `kubectl apply -k deploy/k8s/gpu` needs (kustomize 5 rejects `..`)."""
+    assert _kustomization_cycles(K8S) == []
+    for path in K8S.rglob("kustomization.yaml"):
+        for resource in yaml.safe_load(path.read_text()).get("resources", []):
+            target = (path.parent / resource).resolve()
+            assert target not in path.parent.resolve().parents and target != path.parent.resolve(), (path, resource)
+
+
+def test_the_cycle_check_would_catch_an_overlay_of_its_parent(tmp_path: Path) -> None:
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "kustomization.yaml").write_text("resources: [a.yaml]\n")
+    (tmp_path / "a.yaml").write_text("kind: ConfigMap\n")
+    (tmp_path / "gpu" / "kustomization.yaml").write_text("resources: ['..']\n")
+    assert _kustomization_cycles(tmp_path) == ["gpu: .. contains a folder being built (a cycle)"]
+
+
+def _kustomize_command() -> list[str] | None:
+    if kubectl := shutil.which("kubectl"):
+        return [kubectl, "kustomize"]
+    if kustomize := shutil.which("kustomize"):
+        return [kustomize, "build"]
+    return None
+
+
+def _render(folder: Path) -> list[dict[str, Any]]:
+    command = _kustomize_command()
+    if command is None:
+        pytest.skip("neither kubectl nor kustomize is installed")
+    result = subprocess.run([*command, str(folder)], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"{' '.join(command)} {folder}: {result.stderr}"
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def _by_key(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def test_both_kustomizations_render_and_gpu_changes_only_the_engine_worker() -> None:
+    """`kubectl kustomize deploy/k8s` and `deploy/k8s/gpu` build (what `kubectl apply -k` runs first)."""
+    import kubernetes_validate
+
+    cpu = _by_key(_render(K8S))
+    gpu = _by_key(_render(K8S / "gpu"))
+    manifests = [d for d in _k8s_documents() if d["kind"] != "Kustomization"]
+    assert set(cpu) == set(gpu) == set(_by_key(manifests))
+    for (kind, _), doc in cpu.items():
+        if kind != "Namespace":
+            assert doc["metadata"]["namespace"] == "inf-engine", doc["metadata"]
+        kubernetes_validate.validate(doc, "1.31.0", strict=True)
+    engine = ("Deployment", "engine-worker")
+    assert {key for key in cpu if cpu[key] != gpu[key]} == {engine}
+    cpu_spec, gpu_spec = cpu[engine]["spec"]["template"]["spec"], gpu[engine]["spec"]["template"]["spec"]
+    assert cpu_spec["containers"][0]["image"] == cpu_spec["initContainers"][0]["image"] == "inf-engine:latest"
+    assert gpu_spec["containers"][0]["image"] == gpu_spec["initContainers"][0]["image"] == "inf-engine:gpu"
+    resources = gpu_spec["containers"][0]["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == 1
+    assert not any("nvidia.com/gpu" in part for part in cpu_spec["containers"][0]["resources"].values())
+    kubernetes_validate.validate(gpu[engine], "1.31.0", strict=True)
 
 
 def test_k8s_deployments_run_cli_commands_with_probes() -> None:
@@ -227,8 +326,8 @@ def test_one_secret_per_value_and_no_password_in_a_url() -> None:
 def test_engine_worker_is_cpu_by_default_and_gpu_is_opt_in() -> None:
     engine = _containers("Deployment")["engine-worker"]
     assert not any("nvidia.com/gpu" in part for part in engine["resources"].values())
-    overlay = yaml.safe_load((DEPLOY / "k8s" / "gpu" / "kustomization.yaml").read_text())
-    assert overlay["resources"] == [".."]
+    overlay = yaml.safe_load((K8S / "gpu" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../base"]  # a sibling of deploy/k8s's own kustomization, not ".."
     (patch,) = overlay["patches"]
     assert patch["target"]["name"] == "engine-worker"
     ops = yaml.safe_load(patch["patch"])
