@@ -13,6 +13,7 @@ from app.db.repository.files import create_file, delete_file, get_file, list_fil
 from app.db.repository.items import (
     ItemOutcome,
     add_items,
+    close_open_items,
     count_items,
     finish_items,
     get_item,
@@ -59,6 +60,7 @@ __all__ = [
     "add_parameter_version",
     "claim_job",
     "claim_next_job",
+    "close_open_items",
     "count_items",
     "count_node_results",
     "create_batch",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg.types.json import Jsonb
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, load_only
 
@@ -29,8 +30,27 @@ def add_items(session: Session, *, job_id: str, rows: Sequence[dict[str, Any]]) 
     payload = [
         {"job_id": job_id, "status": ItemStatus.PENDING, "attempts": 0, "created_at": now, **row} for row in rows
     ]
-    if payload:
+    if not payload:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        _copy_items(session, payload)
+    else:
         session.execute(insert(Item), payload)
+
+
+_COPY_COLUMNS = ("job_id", "custom_id", "position", "input", "status", "attempts", "graph_hash", "created_at")
+
+
+def _copy_items(session: Session, payload: Sequence[dict[str, Any]]) -> None:
+    """PostgreSQL's COPY on the session's own connection (same transaction): 50,000 items in well under a
+    second, where an executemany of INSERTs took about three."""
+    raw = session.connection().connection.driver_connection
+    assert raw is not None
+    columns = ", ".join(_COPY_COLUMNS)
+    with raw.cursor() as cursor, cursor.copy(f"COPY items ({columns}) FROM STDIN") as copy:
+        for row in payload:
+            copy.write_row((row["job_id"], row["custom_id"], row["position"], Jsonb(row["input"]),
+                            str(row["status"]), row["attempts"], row.get("graph_hash"), row["created_at"]))
 
 
 def open_items(session: Session, *, job_id: str, after_position: int = -1, limit: int = 256) -> list[Item]:
@@ -99,6 +119,36 @@ def finish_items(session: Session, *, job_id: str, outcomes: Sequence[ItemOutcom
     ]
     session.execute(update(Item), rows)  # one executemany, keyed by primary key
     return len(todo)
+
+
+def close_open_items(session: Session, *, job_id: str, status: ItemStatus, error: dict[str, Any] | None) -> int:
+    """Every open item of the job becomes ``status`` with ``error``, taking the next places in the completion
+    order by input position: set-based, so a cancel of a 50,000-item job is three statements, not 50,000
+    updates. Returns how many items it closed (finish_items' counterpart for a whole job)."""
+    open_rows = select(Item.id).where(Item.job_id == job_id, Item.status.in_(ITEM_OPEN)).with_for_update()
+    count = len(session.scalars(open_rows).all())
+    if not count:
+        return 0
+    counter = {ItemStatus.COMPLETED: Job.completed_items, ItemStatus.FAILED: Job.failed_items,
+               ItemStatus.CANCELLED: Job.cancelled_items}[status]
+    last = session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values({Job.results_seq: Job.results_seq + count, counter: counter + count, Job.updated_at: utcnow()})
+        .returning(Job.results_seq)
+    ).scalar_one()
+    numbered = (
+        select(Item.id, (func.row_number().over(order_by=Item.position) + (last - count)).label("seq"))
+        .where(Item.job_id == job_id, Item.status.in_(ITEM_OPEN))
+        .subquery()
+    )
+    session.execute(
+        update(Item)
+        .where(Item.id == numbered.c.id)
+        .values(status=status, output=None, error=error, result_seq=numbered.c.seq, finished_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return count
 
 
 def open_item_ids(session: Session, *, job_id: str) -> list[int]:

@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Item, ItemStatus, JobStatus, repository, session_scope
 from app.db.models import NodeTaskStatus
-from app.db.repository import ItemOutcome
 from app.db.repository import node_tasks as tasks_repo
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy
@@ -226,9 +225,6 @@ def _plans_for(
 
 def _fail_job(session: Session, job_id: str, error: dict[str, Any]) -> None:
     """A job-level problem (the pipeline cannot load, endpoints missing): every open item fails with it."""
-    open_ids = repository.open_item_ids(session, job_id=job_id)
-    repository.finish_items(
-        session, job_id=job_id, outcomes=[ItemOutcome(i, ItemStatus.FAILED, None, error) for i in open_ids]
-    )
+    repository.close_open_items(session, job_id=job_id, status=ItemStatus.FAILED, error=error)
     tasks_repo.close_job_node_tasks(session, job_id=job_id)
     repository.finish_job(session, job_id=job_id, status=JobStatus.FAILED, error=error)

@@ -95,12 +95,7 @@ def settle_job(session: Session, job_id: str, now: datetime | None = None) -> st
         if tasks_repo.live_node_tasks(session, job_id=job_id, now=now or utcnow()):
             return job.status  # workers still run some nodes; the sweeper looks again
         tasks_repo.close_job_node_tasks(session, job_id=job_id)
-        open_ids = repository.open_item_ids(session, job_id=job_id)
-        repository.finish_items(
-            session,
-            job_id=job_id,
-            outcomes=[ItemOutcome(i, ItemStatus.CANCELLED, None, CANCELLED_ERROR) for i in open_ids],
-        )
+        repository.close_open_items(session, job_id=job_id, status=ItemStatus.CANCELLED, error=CANCELLED_ERROR)
         repository.finish_job(session, job_id=job_id, status=JobStatus.CANCELLED)
         _save_trace(session, job_id)
         return JobStatus.CANCELLED

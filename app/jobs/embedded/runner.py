@@ -278,8 +278,7 @@ class JobRun:
 
 
 def _close_open_items(session: Session, job_id: str, status: ItemStatus, error: dict[str, Any]) -> None:
-    open_ids = repository.open_item_ids(session, job_id=job_id)
-    repository.finish_items(session, job_id=job_id, outcomes=[ItemOutcome(i, status, None, error) for i in open_ids])
+    repository.close_open_items(session, job_id=job_id, status=status, error=error)
 
 
 def _has_alias(resources: Any, alias: str) -> bool:

@@ -183,3 +183,24 @@ def test_parameter_versions(db: Session) -> None:
     assert (first.version, second.version) == (1, 2)
     assert pipeline.parameter_state == {"verdict.system_prompt": "b"} and pipeline.parameter_version == 2
     assert [v.score for v in repository.parameter_versions(db, pipeline_id=pipeline.id)] == [None, 0.8]
+
+
+def test_closing_a_jobs_open_items_at_once_continues_the_completion_order(db: Session) -> None:
+    inputs = [{"custom_id": f"c{i}", "input": f"review {i}"} for i in range(6)]
+    job, _ = submit_job(db, JobRequest("review-compare", inputs=inputs))
+    items = {i.custom_id: i for i in db.scalars(select(Item).where(Item.job_id == job.id))}
+    repository.finish_items(db, job_id=job.id, outcomes=[
+        repository.ItemOutcome(items["c3"].id, ItemStatus.COMPLETED, output="done"),
+    ])
+    error = {"type": "Cancelled", "message": "the job was cancelled before this item finished"}
+    assert repository.close_open_items(db, job_id=job.id, status=ItemStatus.CANCELLED, error=error) == 5
+    assert repository.close_open_items(db, job_id=job.id, status=ItemStatus.CANCELLED, error=error) == 0
+    db.expire_all()
+    rows = {i.custom_id: i for i in db.scalars(select(Item).where(Item.job_id == job.id))}
+    assert rows["c3"].status == "completed" and rows["c3"].result_seq == 1
+    closed = sorted((r.result_seq, c) for c, r in rows.items() if c != "c3")
+    assert closed == [(2, "c0"), (3, "c1"), (4, "c2"), (5, "c4"), (6, "c5")]  # input order after the finished one
+    assert all(rows[c].status == "cancelled" and rows[c].error == error for _, c in closed)
+    view = describe_job(db, job.id)
+    assert view["counts"] == {"total": 6, "completed": 1, "failed": 0, "cancelled": 5, "pending": 0}
+    assert [line["custom_id"] for line in results_page(db, job.id).lines] == ["c3", "c0", "c1", "c2", "c4", "c5"]
