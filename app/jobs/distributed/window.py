@@ -113,9 +113,9 @@ class DispatchWindow:
         return DEFAULT_WINDOW if not slots else max(MIN_WINDOW, slots)
 
     def refill_soon(self) -> None:
-        """Refill now, or (with ``coalesce_s``) on this process's refiller thread within ``coalesce_s``: the
-        deliveries that end meanwhile share one refill, so the broker gets fewer, fuller messages and a task
-        thread does not wait for PostgreSQL."""
+        """Refill now, or (with ``coalesce_s``) on this process's refiller thread: at once when it has been idle
+        for ``coalesce_s``, else at the end of that interval, so the deliveries that end meanwhile share one
+        refill (the broker gets fewer, fuller messages) and a task thread never waits for PostgreSQL."""
         if self.coalesce_s <= 0:
             self.refill()
             return
@@ -127,10 +127,16 @@ class DispatchWindow:
                     self._thread.start()
 
     def _refiller(self) -> None:
+        last = float("-inf")
         while True:
             self._due.wait()
-            time.sleep(self.coalesce_s)
+            # at once after a quiet spell (a lone delivery's dependents wait for nothing), else at most one refill
+            # every coalesce_s: under load the deliveries ending meanwhile share it
+            wait = last + self.coalesce_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             self._due.clear()
+            last = time.monotonic()
             try:
                 if self.refill() < 0:
                     self._due.set()  # another process refills: look again after it

@@ -44,7 +44,7 @@ def endpoints_of(settings: Settings) -> Endpoints:
     return Endpoints(config, settings.model)
 
 
-REFILL_COALESCE_S = 0.01  # deliveries ending within this share one refill of the dispatch windows
+REFILL_COALESCE_S = 0.1  # deliveries ending within this share one refill of the dispatch windows
 
 
 def window_policy(settings: Settings, endpoints: Endpoints, group: int = 1) -> WindowPolicy:
