@@ -69,25 +69,6 @@ def lock_node_task(session: Session, *, item_id: int, node_id: str) -> NodeTask 
     return session.scalars(stmt).one_or_none()
 
 
-def start_node_task(session: Session, *, row_id: int, token: str, deadline: datetime) -> int:
-    """Claim the (locked) row for one delivery: running, one more attempt, lease until ``deadline``."""
-    now = utcnow()
-    attempts = session.execute(
-        update(NodeTask)
-        .where(NodeTask.id == row_id)
-        .values(
-            status=NodeTaskStatus.RUNNING,
-            attempts=NodeTask.attempts + 1,
-            claimed_by=token,
-            deadline=deadline,
-            started_at=now,
-            updated_at=now,
-        )
-        .returning(NodeTask.attempts)
-    ).scalar_one()
-    return int(attempts)
-
-
 def renew_node_lease(session: Session, *, item_id: int, node_id: str, token: str, deadline: datetime) -> bool:
     """Push the running delivery's lease to ``deadline``; False when the node is no longer its (taken over)."""
     result = session.execute(
@@ -166,18 +147,6 @@ def fail_open_node_tasks(session: Session, *, item_id: int) -> None:
     )
 
 
-def mark_items_running(session: Session, *, item_ids: Sequence[int]) -> None:
-    """Pending items whose first node started become running (attempt counters are the nodes')."""
-    if not item_ids:
-        return
-    now = utcnow()
-    session.execute(
-        update(Item)
-        .where(Item.id.in_(list(item_ids)), Item.status == ItemStatus.PENDING)
-        .values(status=ItemStatus.RUNNING, started_at=func.coalesce(Item.started_at, now))
-    )
-
-
 def overdue_node_tasks(
     session: Session, *, status: NodeTaskStatus, now: datetime, limit: int = 500
 ) -> list[NodeTask]:
@@ -229,12 +198,6 @@ def items_without_node_tasks(session: Session, *, job_id: str, limit: int = 500)
     return list(session.scalars(stmt))
 
 
-def count_node_tasks(session: Session, *, job_id: str) -> dict[str, int]:
-    """``{status: count}`` of the job's node tasks."""
-    stmt = select(NodeTask.status, func.count()).where(NodeTask.job_id == job_id).group_by(NodeTask.status)
-    return {status: int(n) for status, n in session.execute(stmt)}
-
-
 def live_node_tasks(session: Session, *, job_id: str, now: datetime) -> int:
     """Nodes of the job that a worker is running right now (claimed, lease not run out)."""
     stmt = (
@@ -243,13 +206,6 @@ def live_node_tasks(session: Session, *, job_id: str, now: datetime) -> int:
         .where(NodeTask.job_id == job_id, NodeTask.status == NodeTaskStatus.RUNNING, NodeTask.deadline >= now)
     )
     return int(session.scalar(stmt) or 0)
-
-
-def dispatched_jobs(session: Session, *, statuses: Sequence[str]) -> list[str]:
-    """Ids of jobs in ``statuses`` that run on workers (they have node tasks)."""
-    has_tasks = exists().where(NodeTask.job_id == Job.id)
-    stmt = select(Job.id).where(Job.status.in_(list(statuses)), has_tasks).order_by(Job.id)
-    return list(session.scalars(stmt))
 
 
 def jobs_past_window(session: Session, *, now: datetime, statuses: Sequence[str]) -> list[str]:
@@ -274,19 +230,6 @@ def fail_item(session: Session, *, job_id: str, item_id: int, error: dict[str, A
     finish_items(session, job_id=job_id, outcomes=[ItemOutcome(item_id, ItemStatus.FAILED, None, error)])
     fail_open_node_tasks(session, item_id=item_id)
     return True
-
-
-def unfinished_node_tasks(session: Session, *, item_id: int) -> int:
-    """Nodes of the item not stored yet (waiting, queued or running)."""
-    stmt = (
-        select(func.count())
-        .select_from(NodeTask)
-        .where(
-            NodeTask.item_id == item_id,
-            NodeTask.status.in_([NodeTaskStatus.WAITING, NodeTaskStatus.QUEUED, NodeTaskStatus.RUNNING]),
-        )
-    )
-    return int(session.scalar(stmt) or 0)
 
 
 def close_job_node_tasks(session: Session, *, job_id: str) -> int:

@@ -103,10 +103,6 @@ def beat(session: Session, model: type[Run], *, run_ids: Iterable[str]) -> None:
         )
 
 
-def ids_with_status(session: Session, model: type[Run], *, status: str) -> list[str]:
-    return list(session.scalars(select(model.id).where(model.status == status).order_by(model.id)))
-
-
 def request_cancel(session: Session, model: type[Run], *, run_id: str) -> bool:
     """queued/running → cancelling; False when the run was not open."""
     now = utcnow()

@@ -35,30 +35,6 @@ def _bucket(seconds: float) -> str:
     return "+Inf"
 
 
-class MetricsRecorder:
-    """What a worker records (sync Redis; failures are logged by the caller's hook, never raised to a task)."""
-
-    def __init__(self, redis: Redis, prefix: str) -> None:
-        self.redis = redis
-        self.prefix = prefix
-
-    def node_finished(self, kind: str, seconds: float) -> None:
-        key = _key(self.prefix, "node_seconds", kind)
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hincrby(key, _bucket(seconds), 1)
-            pipe.hincrbyfloat(key, "sum", seconds)
-            pipe.hincrby(key, "count", 1)
-            pipe.sadd(_key(self.prefix, "node_kinds"), kind)
-            pipe.execute()
-
-    def rate_limit_wait(self, endpoint: str, seconds: float) -> None:
-        key = _key(self.prefix, "rate_waits")
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hincrby(key, f"count:{endpoint}", 1)
-            pipe.hincrbyfloat(key, f"seconds:{endpoint}", seconds)
-            pipe.execute()
-
-
 class BufferedRecorder:
     """Adds observations up in memory and writes them every ``interval_s`` from a daemon thread: one round trip a
     second instead of one per node (a worker runs hundreds of nodes a second). A killed worker loses at most the

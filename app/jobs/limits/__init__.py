@@ -1,16 +1,16 @@
 """Per-endpoint limits shared by every worker, kept in Redis and changed only by atomic Lua scripts.
 
-* :class:`GlobalRateLimiter` / :class:`SyncGlobalRateLimiter`: requests per minute, adaptive on 429.
-* :class:`ConcurrencySlots` / :class:`SyncConcurrencySlots`: max concurrency as leased, renewable slots.
+* :class:`GlobalRateLimiter`: requests per minute, adaptive on 429.
+* :class:`ConcurrencySlots`: max concurrency as leased, renewable slots.
 * :class:`EndpointLimiter`: both around one request, built from an ``EndpointConfig``.
 
 No Celery here: workers and the embedded executor use the same limits.
 """
 
 from app.jobs.limits.endpoint import EndpointLimiter, Permit, endpoint_id
-from app.jobs.limits.rate import GlobalRateLimiter, RateConfig, RateState, SyncGlobalRateLimiter, WaitStats
+from app.jobs.limits.rate import GlobalRateLimiter, RateConfig, RateState, WaitStats
 from app.jobs.limits.scripts import LimitKeys
-from app.jobs.limits.slots import ConcurrencySlots, SlotLease, SlotTimeoutError, SyncConcurrencySlots
+from app.jobs.limits.slots import ConcurrencySlots, SlotLease, SlotTimeoutError
 
 __all__ = [
     "ConcurrencySlots",
@@ -22,8 +22,6 @@ __all__ = [
     "RateState",
     "SlotLease",
     "SlotTimeoutError",
-    "SyncConcurrencySlots",
-    "SyncGlobalRateLimiter",
     "WaitStats",
     "endpoint_id",
 ]

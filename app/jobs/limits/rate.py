@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from app.jobs.limits.scripts import RATE_SCRIPT, LimitKeys
@@ -175,50 +174,3 @@ class GlobalRateLimiter:
     async def reset(self) -> None:
         """Forget the shared state (full rate, one token)."""
         await self.redis.delete(self.keys.rate)
-
-
-class SyncGlobalRateLimiter:
-    """The same limit for blocking code (a Celery task in a prefork or thread pool), on a sync ``redis.Redis``."""
-
-    def __init__(
-        self, redis: Redis, endpoint: str, config: RateConfig, *, prefix: str = DEFAULT_PREFIX
-    ) -> None:
-        self.redis = redis
-        self.config = config
-        self.keys = LimitKeys(prefix, endpoint)
-        self._script = redis.register_script(RATE_SCRIPT)
-        self.stats = WaitStats()
-
-    def _call(self, op: str, retry_after: float = 0.0) -> list[Any]:
-        return list(self._script(keys=[self.keys.rate], args=self.config.argv(op, retry_after)))
-
-    def acquire(self) -> float:
-        start = time.monotonic()
-        slept = False
-        while True:
-            delay, epoch = _pair(self._call("acquire"))
-            if delay <= 0:
-                break
-            time.sleep(delay)
-            slept = True
-            current = self.redis.hget(self.keys.rate, "epoch")
-            if current is None or int(current) == epoch:  # type: ignore[arg-type]
-                break
-            self.stats.cancelled_reservations += 1
-        waited = time.monotonic() - start if slept else 0.0
-        self.stats.record(waited)
-        return waited
-
-    def backoff(self, retry_after: float | None = None) -> float:
-        rpm, _ = _pair(self._call("backoff", _retry_after(retry_after)))
-        return rpm
-
-    def recover(self) -> float:
-        rpm, _ = _pair(self._call("recover"))
-        return rpm
-
-    def peek(self) -> RateState:
-        return _parse_state(self._call("peek"))
-
-    def reset(self) -> None:
-        self.redis.delete(self.keys.rate)

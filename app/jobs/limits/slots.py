@@ -16,14 +16,12 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from app.jobs.limits.scripts import SLOT_SCRIPT, LimitKeys
@@ -187,95 +185,3 @@ class ConcurrencySlots(_SlotsBase):
 
     async def reset(self) -> None:
         await self.redis.delete(self.keys.slots)
-
-
-class SyncConcurrencySlots(_SlotsBase):
-    """The same slots for blocking code; ``with slots.slot(): ...`` renews from a daemon thread."""
-
-    def __init__(
-        self,
-        redis: Redis,
-        endpoint: str,
-        max_slots: int,
-        *,
-        prefix: str = "inf",
-        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
-        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
-    ) -> None:
-        super().__init__(endpoint, max_slots, prefix, lease_ttl_s, poll_interval_s)
-        self.redis = redis
-        self._script = redis.register_script(SLOT_SCRIPT)
-        self._head = threading.Lock()
-        self._pubsub: Any = None
-
-    def _call(self, op: str, lease: str = "") -> tuple[int, int]:
-        return _ints(list(self._script(keys=[self.keys.slots], args=self._argv(op, lease))))  # type: ignore[arg-type]
-
-    def acquire(self, timeout: float | None = None) -> SlotLease:
-        lease = _lease_id()
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        if not self._head.locked():
-            ok, _ = self._call("acquire", lease)
-            if ok:
-                return SlotLease(lease, self.endpoint)
-        if not self._head.acquire(timeout=-1 if timeout is None else timeout):
-            raise SlotTimeoutError(f"no concurrency slot for endpoint {self.endpoint!r} became free in time")
-        try:
-            if self._pubsub is None:
-                self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-                self._pubsub.subscribe(self.keys.released)
-            while True:
-                ok, until_expiry_ms = self._call("acquire", lease)
-                if ok:
-                    break
-                self._pubsub.get_message(timeout=self._pause(until_expiry_ms, deadline))
-        finally:
-            self._head.release()
-        waited = time.monotonic() - start
-        self.waits += 1
-        self.total_wait_s += waited
-        return SlotLease(lease, self.endpoint, waited_s=waited)
-
-    def renew(self, lease: SlotLease) -> bool:
-        ok, _ = self._call("renew", lease.id)
-        if not ok:
-            lease.lost = True
-        return bool(ok)
-
-    def release(self, lease: SlotLease) -> None:
-        self._call("release", lease.id)
-
-    def held(self) -> int:
-        count, _ = self._call("count")
-        return count
-
-    @contextlib.contextmanager
-    def slot(self, timeout: float | None = None) -> Iterator[SlotLease]:
-        lease = self.acquire(timeout)
-        stop = threading.Event()
-
-        def keep() -> None:
-            while not stop.wait(self.lease_ttl_s / 3):
-                if not self.renew(lease):
-                    log.warning(
-                        "slot lease %s of endpoint %r expired before renewal", lease.id, self.endpoint
-                    )
-                    return
-
-        keeper = threading.Thread(target=keep, name=f"slot-lease-{lease.id}", daemon=True)
-        keeper.start()
-        try:
-            yield lease
-        finally:
-            stop.set()
-            keeper.join()
-            self.release(lease)
-
-    def close(self) -> None:
-        if self._pubsub is not None:
-            self._pubsub.close()
-            self._pubsub = None
-
-    def reset(self) -> None:
-        self.redis.delete(self.keys.slots)

@@ -6,10 +6,9 @@ import asyncio
 import time
 
 import pytest
-import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from app.jobs.limits import GlobalRateLimiter, RateConfig, SyncGlobalRateLimiter
+from app.jobs.limits import GlobalRateLimiter, RateConfig
 from tests.integration.jobs.limits.conftest import result_of, start_worker
 
 
@@ -140,21 +139,6 @@ async def test_concurrent_acquires_are_atomic(prefix: str) -> None:
     assert makespan <= (callers - 1) * interval * 3 + 1.0
     # no burst beyond the rate: any 0.5 s holds at most its tokens, plus 0.1 s of wake-up jitter on a loaded box
     assert _max_in_window(grants, 0.5) <= (0.5 + 0.1) / interval + 1
-
-
-def test_the_sync_limiter_shares_state_with_the_async_one(sredis: redis.Redis, prefix: str) -> None:
-    limiter = SyncGlobalRateLimiter(sredis, "ep", RateConfig(rpm=600), prefix=prefix)
-    assert limiter.acquire() == 0.0
-    waited = limiter.acquire()
-    assert 0.07 <= waited <= 0.3  # the second waits one 100 ms interval
-    assert limiter.backoff(retry_after=0.3) == pytest.approx(300)
-    start = time.monotonic()
-    limiter.acquire()
-    assert time.monotonic() - start >= 0.25
-    state = limiter.peek()
-    assert (state.acquires, state.hits, state.backoffs) == (3, 1, 1)
-    limiter.reset()
-    assert limiter.peek().current_rpm == pytest.approx(600)
 
 
 async def test_state_expires_when_idle(aredis: AsyncRedis, prefix: str) -> None:

@@ -6,10 +6,9 @@ import asyncio
 import time
 
 import pytest
-import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from app.jobs.limits import ConcurrencySlots, SlotTimeoutError, SyncConcurrencySlots
+from app.jobs.limits import ConcurrencySlots, SlotTimeoutError
 from tests.integration.jobs.limits.conftest import result_of, start_worker
 
 
@@ -101,21 +100,6 @@ async def test_renewal_keeps_a_long_holder_and_reports_a_lost_lease(aredis: Asyn
     assert not await slots.renew(stalled)
     assert stalled.lost
     await slots.aclose()
-
-
-def test_sync_slots_renew_from_a_thread(sredis: redis.Redis, prefix: str) -> None:
-    slots = SyncConcurrencySlots(sredis, "ep", 1, prefix=prefix, lease_ttl_s=0.3, poll_interval_s=0.05)
-    with slots.slot() as lease:
-        time.sleep(0.7)
-        assert slots.renew(lease)
-        with pytest.raises(SlotTimeoutError):
-            slots.acquire(timeout=0.2)
-    start = time.monotonic()
-    again = slots.acquire(timeout=1)
-    assert time.monotonic() - start < 0.1
-    slots.release(again)
-    assert slots.held() == 0
-    slots.close()
 
 
 async def test_the_key_disappears_when_no_lease_is_left(aredis: AsyncRedis, prefix: str) -> None:
