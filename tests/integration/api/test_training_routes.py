@@ -18,22 +18,13 @@ from app.db import ParameterVersion
 from app.db.optimization_models import FeedbackRequestRow, Training
 from app.jobs.embedded.runtime import JobsRuntime
 from app.pipeline import LLMInference, Module
-from app.pipeline.resources.types import LLMRequest
 from app.settings import Settings
 from tests.support.fakes import ScriptedLM
 from tests.support.serving_fakes import FakeBackend
+from tests.support.training import DATASET, GOOD_PROMPT, scripted
 
 KEY = "sk-training-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-GOOD_PROMPT = "Answer with exactly one word: positive or negative."
-DATASET = [
-    {"input": "Great phone, I love it", "target": "positive"},
-    {"input": "Broke after a day, awful", "target": "negative"},
-    {"input": "Lovely screen and great battery", "target": "positive"},
-    {"input": "Awful support, never again", "target": "negative"},
-]
-
-
 class Frozen(Module):
     """A pipeline with nothing to learn (its prompt is a plain string)."""
 
@@ -45,19 +36,6 @@ class Frozen(Module):
         return self.classify(review)
 
 
-def scripted(alias: str, request: LLMRequest) -> str:
-    """The classifier answers with a label only once its system prompt asks for one word; the optimizer's
-    updater always proposes GOOD_PROMPT; a rubric judge is never asked in these tests."""
-    if alias == "assistant":
-        label = "positive" if any(w in str(request.prompt) for w in ("Great", "Lovely")) else "negative"
-        if "one word" in str(request.system_prompt or ""):
-            return label
-        return f"I think this review is {label}, overall."
-    if alias == "optimizer/updater":
-        return GOOD_PROMPT
-    if alias == "optimizer/aggregator":
-        return "Reply with the label only."
-    raise AssertionError(f"unexpected alias {alias}")
 
 
 class Harness:

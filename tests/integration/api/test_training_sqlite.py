@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
-from tests.integration.api.test_training_routes import DATASET, GOOD_PROMPT, scripted
 from tests.support.fakes import ScriptedLM
 from tests.support.serving_fakes import FakeBackend
+from tests.support.training import DATASET, GOOD_PROMPT, scripted
 
 
 def _wait(client: TestClient, path: str) -> dict[str, Any]:

@@ -17,11 +17,11 @@ from api.main import create_app
 from app.cli import app
 from app.jobs.embedded.runtime import JobsRuntime
 from app.settings import Settings
-from tests.integration.api.test_training_routes import DATASET, GOOD_PROMPT, scripted
 from tests.support.fakes import ScriptedLM
 from tests.support.postgres import committed, pg_engine, pg_url
 from tests.support.server_helpers import ServerThread
 from tests.support.serving_fakes import FakeBackend
+from tests.support.training import DATASET, GOOD_PROMPT, scripted
 
 __all__ = ["committed", "pg_engine", "pg_url"]  # fixtures
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from app.cli import app
 from app.version import version
-from tests.integration.cli.test_cli_serve import free_port
+from tests.support.cluster import free_port
 from tests.support.server_helpers import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[3]

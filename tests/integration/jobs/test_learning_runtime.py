@@ -17,8 +17,8 @@ from app.db.optimization_models import Evaluation, Training
 from app.jobs.learning.evaluations import EvaluationRequest, submit_evaluation
 from app.jobs.learning.runtime import LearningExecutor, claim
 from app.jobs.learning.training import TrainingRequest, submit_training
-from tests.integration.api.test_training_routes import DATASET, scripted
 from tests.support.fakes import ScriptedLM
+from tests.support.training import DATASET, scripted
 
 
 def _abandon(engine: Engine, model: Any, run_id: str, attempts: int) -> None:
