@@ -25,12 +25,19 @@ from app.version import version as installed_version
 router = APIRouter()
 
 
+def _unavailable(message: str, code: str | None) -> Response:
+    return JSONBytes(error_body(message, type="service_unavailable", code=code), status_code=503)
+
+
+async def _engine_down(serving: OpenAIServing) -> Response | None:
+    status = await serving.health()
+    return None if status.ok else _unavailable(status.detail, "engine_unhealthy")
+
+
 @router.get("/health")
 async def health(request: Request, serving: OpenAIServing = Depends(get_serving)) -> Response:
-    status = await serving.health()
-    if not status.ok:
-        body = error_body(status.detail, type="service_unavailable", code="engine_unhealthy")
-        return JSONBytes(body, status_code=503)
+    if (down := await _engine_down(serving)) is not None:
+        return down
     answer: dict[str, Any] = {"status": "ok"}
     probe = getattr(request.app.state, "platform_health", None)
     if probe is not None:
@@ -40,14 +47,11 @@ async def health(request: Request, serving: OpenAIServing = Depends(get_serving)
 
 @router.get("/ready")
 async def ready(request: Request, serving: OpenAIServing = Depends(get_serving)) -> Response:
-    status = await serving.health()
-    if not status.ok:
-        body = error_body(status.detail, type="service_unavailable", code="engine_unhealthy")
-        return JSONBytes(body, status_code=503)
+    if (down := await _engine_down(serving)) is not None:
+        return down
     report = await request.app.state.readiness.check()
     if not report.ok:
-        body = error_body(report.problem or "not ready", type="service_unavailable", code=report.code)
-        return JSONBytes(body, status_code=503)
+        return _unavailable(report.problem or "not ready", report.code)
     return JSONBytes({"status": "ready", "database": report.database})
 
 

@@ -93,19 +93,14 @@ def claim_next_job(session: Session, *, exclude: Iterable[str] = ()) -> Job | No
     if excluded:
         stmt = stmt.where(Job.id.not_in(excluded))
     for job_id in session.scalars(stmt).all():
-        now = utcnow()
-        claimed = session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-            .values(status=JobStatus.RUNNING, started_at=now, updated_at=now)
-        )
-        if claimed.rowcount == 1:  # type: ignore[attr-defined]
+        if claim_job(session, job_id=job_id):
             return get_job(session, job_id=job_id)
     return None
 
 
 def claim_job(session: Session, *, job_id: str) -> bool:
-    """queued → running for this job; False when it was not queued (a concurrent cancel or claimer)."""
+    """queued → running for this job (the embedded executor runs it, or the workers' dispatch started); False
+    when it was not queued (a concurrent cancel or claimer)."""
     now = utcnow()
     claimed = session.execute(
         update(Job)

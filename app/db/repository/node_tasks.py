@@ -252,17 +252,6 @@ def close_job_node_tasks(session: Session, *, job_id: str) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
-def start_job(session: Session, *, job_id: str) -> bool:
-    """queued → running (its nodes are being dispatched to workers); False when it was not queued."""
-    now = utcnow()
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-        .values(status=JobStatus.RUNNING, started_at=now, updated_at=now)
-    )
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
-
-
 def queued_jobs_older_than(session: Session, *, before: datetime, limit: int = 50) -> list[str]:
     """Queued jobs created before ``before`` (their dispatch after submission did not happen)."""
     stmt = (

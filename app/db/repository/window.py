@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from app.db.models import IN_FLIGHT_SQL, UNSENT_SQL, Job, JobStatus, NodeTask, NodeTaskStatus
+from app.db.models import IN_FLIGHT_SQL, UNSENT_SQL, Job, JobStatus, NodeTask
 from app.db.repository.node_tasks import NodeTaskRef
 
 #: the advisory lock that serialises refills of the dispatch windows (one refill at a time counts and sends)
@@ -55,16 +55,6 @@ def in_flight(session: Session) -> dict[tuple[str, str, str], int]:
     return {(q, j, s): int(n) for q, j, s, n in session.execute(stmt)}
 
 
-def sent_waiting(session: Session, *, queue: str) -> int:
-    """Node tasks of ``queue`` whose message was sent and not claimed yet (the broker's share of the window)."""
-    stmt = (
-        select(func.count())
-        .select_from(NodeTask)
-        .where(text(IN_FLIGHT_SQL), NodeTask.queue == queue, NodeTask.status == NodeTaskStatus.QUEUED)
-    )
-    return int(session.scalar(stmt) or 0)
-
-
 def take_unsent(
     session: Session, *, job_id: str, queue: str, limit: int, now: datetime, deadline: datetime
 ) -> list[NodeTaskRef]:
@@ -96,9 +86,3 @@ def take_unsent(
     )
     refs = [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in session.execute(stmt)]
     return sorted(refs, key=lambda r: (r.priority, r.item_id, r.node_id))  # RETURNING keeps no order
-
-
-def unsent_queues(session: Session, *, job_id: str) -> list[str]:
-    """The queues on which the job has ready nodes not sent yet."""
-    stmt = select(NodeTask.queue).where(text(UNSENT_SQL), NodeTask.job_id == job_id).distinct()
-    return list(session.scalars(stmt))

@@ -23,7 +23,7 @@ from app.db.repository import node_tasks as tasks_repo
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy
 from app.jobs.distributed.settle import fail_item, settle_job
-from app.jobs.distributed.window import GROUP_MIN_ITEMS, DispatchWindow, WindowPolicy
+from app.jobs.distributed.window import GROUP_MIN_ITEMS, DispatchWindow
 from app.jobs.encoding import decode_item_input, error_of
 from app.jobs.graphs import graph_forms, load_module, trace_item
 
@@ -89,9 +89,7 @@ def dispatch_job(
     ``window``: the process's dispatch windows (default: fixed windows without quotas)."""
     policy = policy or NodePolicy()
     if window is None:
-        window = DispatchWindow(
-            sessions, dispatcher, WindowPolicy(stale_s=policy.stale_s, group=getattr(dispatcher, "group", 1))
-        )
+        window = DispatchWindow.fixed(sessions, dispatcher, policy.stale_s)
     ready = 0
     plans: dict[str, list[NodePlan]] = {}
     size = min(FIRST_PAGE_SIZE, page_size)
@@ -127,7 +125,7 @@ def _dispatch_page(
     if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
         return None
     if job.status == JobStatus.QUEUED:
-        tasks_repo.start_job(session, job_id=job_id)
+        repository.claim_job(session, job_id=job_id)
     items = tasks_repo.items_without_node_tasks(session, job_id=job_id, limit=page_size)
     if not items:
         settle_job(session, job_id)

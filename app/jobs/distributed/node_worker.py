@@ -17,7 +17,7 @@ from app.db.direct import DirectPool
 from app.db.repository.node_store import NodeStore, open_node_store
 from app.jobs.distributed.messages import Dispatcher
 from app.jobs.distributed.settle import settle_job
-from app.jobs.distributed.window import DispatchWindow, WindowPolicy
+from app.jobs.distributed.window import DispatchWindow
 from app.jobs.encoding import decode_item_input
 from app.jobs.graphs import load_module, trace_item
 from app.pipeline.graph import InferenceGraph
@@ -90,8 +90,7 @@ class NodeWorker:
     def __post_init__(self) -> None:
         self.store = open_node_store(self.sessions, settle_job, self.direct, group_commit=self.group_commit)
         if self.window is None:
-            policy = WindowPolicy(stale_s=self.policy.stale_s, group=getattr(self.dispatcher, "group", 1))
-            self.window = DispatchWindow(self.sessions, self.dispatcher, policy)
+            self.window = DispatchWindow.fixed(self.sessions, self.dispatcher, self.policy.stale_s)
         self._call_slots = threading.BoundedSemaphore(self.max_calls) if self.max_calls > 0 else None
 
     def take_call_slots(self, wanted: int) -> int:

@@ -17,7 +17,7 @@ from app.jobs.distributed.dispatch import dispatch_job
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy
 from app.jobs.distributed.settle import settle_job
-from app.jobs.distributed.window import DispatchWindow, WindowPolicy
+from app.jobs.distributed.window import DispatchWindow
 from app.jobs.embedded.events import JobEvents
 
 log = logging.getLogger(__name__)
@@ -42,9 +42,7 @@ class DistributedJobs:
         self.events = events
         self.policy = policy or NodePolicy()
         self.poll_interval = poll_interval
-        self.window = window or DispatchWindow(
-            sessions, dispatcher, WindowPolicy(stale_s=self.policy.stale_s, group=getattr(dispatcher, "group", 1))
-        )
+        self.window = window or DispatchWindow.fixed(sessions, dispatcher, self.policy.stale_s)
         self.max_dispatching = max_dispatching
         self._dispatching: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()

@@ -30,7 +30,7 @@ from app.jobs.distributed.messages import Dispatcher, Endpoints, NodeMessage
 from app.jobs.distributed.node_task import NodePolicy, message_of
 from app.jobs.distributed.nodes import load_item_graph
 from app.jobs.distributed.settle import fail_item, finish_item_if_done, settle_job
-from app.jobs.distributed.window import DispatchWindow, WindowPolicy
+from app.jobs.distributed.window import DispatchWindow
 from app.jobs.embedded.writer import endpoint_cost
 from app.jobs.graphs import load_module
 
@@ -84,9 +84,7 @@ def sweep(
     for job_id in undispatched:
         report.dispatched += dispatch_job(sessions, job_id, dispatcher, endpoints, policy, window=window)
     if window is None:
-        window = DispatchWindow(
-            sessions, dispatcher, WindowPolicy(stale_s=policy.stale_s, group=getattr(dispatcher, "group", 1))
-        )
+        window = DispatchWindow.fixed(sessions, dispatcher, policy.stale_s)
     report.refilled = max(0, window.refill())
     if any(vars(report).values()):
         log.info("sweep: %s", report)

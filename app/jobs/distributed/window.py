@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope, utcnow
+from app.db.models import NodeTaskStatus
 from app.db.repository import window as window_repo
 from app.db.repository.node_tasks import NodeTaskRef
 from app.jobs.distributed.messages import Dispatcher, NodeMessage, messages_of
@@ -85,6 +86,12 @@ class DispatchWindow:
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
 
+    @classmethod
+    def fixed(cls, sessions: sessionmaker[Session], dispatcher: Dispatcher, stale_s: float) -> DispatchWindow:
+        """Windows of ``DEFAULT_WINDOW`` per queue, no quotas, refilled inline: for callers not given the
+        process's windows (tests, a sweep or dispatch run by hand)."""
+        return cls(sessions, dispatcher, WindowPolicy(stale_s=stale_s, group=getattr(dispatcher, "group", 1)))
+
     @property
     def queues(self) -> Sequence[str]:
         return tuple(self.dispatcher.queues.all())
@@ -93,12 +100,11 @@ class DispatchWindow:
         """The queue's window: the setting, else the consumers' task slots (read at most every few seconds)."""
         if self.policy.window > 0:
             return self.policy.window  # the operator's choice overrides the sizing and the caps
-        else:
-            now = time.monotonic()
-            if now - self._sized_at > CAPACITY_CACHE_S:
-                self._sizes = {q: self._announced(q) for q in self.queues}
-                self._sized_at = now
-            size = self._sizes.get(queue, DEFAULT_WINDOW)
+        now = time.monotonic()
+        if now - self._sized_at > CAPACITY_CACHE_S:
+            self._sizes = {q: self._announced(q) for q in self.queues}
+            self._sized_at = now
+        size = self._sizes.get(queue, DEFAULT_WINDOW)
         cap = self.policy.caps.get(queue)
         return max(1, min(size, cap)) if cap else size
 
@@ -172,7 +178,7 @@ class DispatchWindow:
         deadline = now + timedelta(seconds=self.policy.stale_s)
         taken: list[NodeTaskRef] = []
         for queue in self.queues:
-            waiting = sum(n for (q, _, status), n in flight.items() if q == queue and status == "queued")
+            waiting = sum(n for (q, _, status), n in flight.items() if q == queue and status == NodeTaskStatus.QUEUED)
             free = self.size(queue) - waiting
             if free <= 0:
                 continue

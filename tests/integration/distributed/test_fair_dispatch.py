@@ -31,12 +31,18 @@ def _limited(cluster: Cluster, **env: str) -> None:
     cluster.env.update(env)
 
 
-@pytest.mark.timeout(240)
-def test_a_small_job_of_another_tenant_is_not_held_behind_a_big_one(cluster: Cluster) -> None:
+def _big_job_under_way(cluster: Cluster) -> str:
+    """Tenant acme's SENTIMENT_ITEMS-item job, once 20 of its items are done, on one worker of 16 threads."""
     _limited(cluster)
     cluster.start_worker("w1", "--pool", "threads", "--concurrency", "16")
     big = cluster.submit("sentiment", _items("a", SENTIMENT_ITEMS), owner="acme")
     wait_until(lambda: _completed(cluster, big) >= 20, 60, "the big job to get going")
+    return big
+
+
+@pytest.mark.timeout(240)
+def test_a_small_job_of_another_tenant_is_not_held_behind_a_big_one(cluster: Cluster) -> None:
+    big = _big_job_under_way(cluster)
     small = cluster.submit("sentiment", _items("b", 10), owner="beta")
     assert cluster.wait(small, 60)["status"] == "completed"
     done_by_then = _completed(cluster, big)
@@ -48,10 +54,7 @@ def test_a_small_job_of_another_tenant_is_not_held_behind_a_big_one(cluster: Clu
 
 @pytest.mark.timeout(240)
 def test_lower_priority_values_still_go_first(cluster: Cluster) -> None:
-    _limited(cluster)
-    cluster.start_worker("w1", "--pool", "threads", "--concurrency", "16")
-    big = cluster.submit("sentiment", _items("a", SENTIMENT_ITEMS), owner="acme")
-    wait_until(lambda: _completed(cluster, big) >= 20, 60, "the big job to get going")
+    big = _big_job_under_way(cluster)
     later = cluster.submit("sentiment", _items("later", 10), owner="beta", priority=5)
     urgent = cluster.submit("sentiment", _items("urgent", 10), owner="acme", priority=-1)
     assert cluster.wait(urgent, 60)["status"] == "completed"

@@ -55,12 +55,18 @@ async def _until(runtime: JobsRuntime, job_id: str, done: int | None = None, tim
         await asyncio.sleep(0.02)
 
 
-async def test_a_small_job_of_another_tenant_goes_ahead_of_a_big_jobs_items(committed: Engine) -> None:
-    runtime = _runtime(committed, ScriptedLM(latency=0.05))
+async def _big_job_under_way(engine: Engine) -> tuple[JobsRuntime, str]:
+    """A started runtime, and tenant acme's BIG-item job once 20 of its items are done."""
+    runtime = _runtime(engine, ScriptedLM(latency=0.05))
     await runtime.ensure_started()
+    big = await _submit(runtime, "a", BIG, owner="acme")
+    await _until(runtime, big, done=20)
+    return runtime, big
+
+
+async def test_a_small_job_of_another_tenant_goes_ahead_of_a_big_jobs_items(committed: Engine) -> None:
+    runtime, big = await _big_job_under_way(committed)
     try:
-        big = await _submit(runtime, "a", BIG, owner="acme")
-        await _until(runtime, big, done=20)
         small = await _submit(runtime, "b", 10, owner="beta")
         assert (await _until(runtime, small))["status"] == "completed"
         done_by_then = _view(runtime, big)["counts"]["completed"]
@@ -71,11 +77,8 @@ async def test_a_small_job_of_another_tenant_goes_ahead_of_a_big_jobs_items(comm
 
 
 async def test_priority_first_in_the_embedded_executor_too(committed: Engine) -> None:
-    runtime = _runtime(committed, ScriptedLM(latency=0.05))
-    await runtime.ensure_started()
+    runtime, big = await _big_job_under_way(committed)
     try:
-        big = await _submit(runtime, "a", BIG, owner="acme")
-        await _until(runtime, big, done=20)
         later = await _submit(runtime, "later", 10, owner="beta", priority=5)
         urgent = await _submit(runtime, "urgent", 10, owner="acme", priority=-1)
         assert (await _until(runtime, urgent))["status"] == "completed"
