@@ -22,8 +22,7 @@ def native_available() -> bool:
 
 def build_tiny_llama(folder: Path) -> Path:
     """The colleague's tiny GQA Llama (random weights, peaked logits) saved as an HF folder."""
-    from tests.unit.engine.models.conftest import build_hf_model
-    from tests.unit.engine.models.helpers import save_hf_model
+    from tests.support.engine_models import build_hf_model, save_hf_model
 
     if not (folder / "config.json").is_file():
         save_hf_model(build_hf_model("llama_gqa_llama3"), folder)

@@ -286,7 +286,7 @@ class TokenizingBackend(LocalBackend, FakeBackend):
 
 def test_a_large_tokenize_does_not_block_the_event_loop(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
-    from tests.unit.engine.models.helpers import write_tiny_tokenizer
+    from tests.support.engine_models import write_tiny_tokenizer
 
     write_tiny_tokenizer(tmp_path, 300)
     app = create_app(Settings(data_dir=tmp_path), backend=TokenizingBackend(tmp_path))

@@ -11,8 +11,7 @@ from pydantic import BaseModel
 import app.pipeline.functional as F
 from app.pipeline import LLMInference, Module, Value, ValueKind, run, trace
 from app.pipeline.resources.types import LLMRequest, LLMResponse
-
-from .conftest import ScriptedResources
+from tests.support.fakes import ScriptedResources
 
 
 def text(s: str, ref: str | None = None) -> Value:

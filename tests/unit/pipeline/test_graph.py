@@ -25,8 +25,7 @@ from app.pipeline import (
     ValueRef,
     trace,
 )
-
-from .conftest import ScriptedResources
+from tests.support.fakes import ScriptedResources
 
 
 def node(node_id: str, *deps: str, priority: int = 0) -> GraphNode:

@@ -28,8 +28,7 @@ from app.pipeline import (
     trace,
 )
 from app.pipeline.optimization.types import BackwardContext, BackwardResult
-
-from .conftest import ScriptedResources
+from tests.support.fakes import ScriptedResources
 
 
 class Upper(Module):

@@ -20,7 +20,7 @@ from app.pipeline.resources import (
 )
 from app.pipeline.resources.client import response_format_payload
 from app.pipeline.values import ValueKind
-from tests.unit.pipeline.conftest import ScriptedResources
+from tests.support.fakes import ScriptedResources
 
 
 class Facts(BaseModel):

@@ -22,8 +22,7 @@ from app.pipeline import (
     trace,
 )
 from app.pipeline.graph import InputNode
-
-from .conftest import ScriptedResources
+from tests.support.fakes import ScriptedResources
 
 
 class Echo(Module):

@@ -16,7 +16,7 @@ from app.engine.core.admission import (
 )
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence, SequenceStatus
-from tests.unit.engine.core.test_scheduler import (
+from tests.support.engine_core import (
     FakeRunner,
     drain_and_replay,
     make_scheduler,

@@ -8,10 +8,7 @@ import pytest
 
 from app.engine.guided.backend import GrammarCompiler
 from app.engine.tokenizer import Tokenizer
-from tests.unit.engine.models.conftest import VOCAB
-from tests.unit.engine.models.helpers import write_tiny_tokenizer
-
-EOS = 2  # <|im_end|>
+from tests.support.engine_models import EOS, VOCAB, write_tiny_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,7 @@ from app.engine.guided.bitmask import bitmask_words
 from app.engine.guided.closing import BudgetCloser, closing_preference
 from app.engine.guided.matcher import GuidedDecoding, SequenceMatcher
 from app.engine.tokenizer import Tokenizer
-from tests.unit.engine.guided.conftest import EOS
-from tests.unit.engine.models.conftest import VOCAB
+from tests.support.engine_models import EOS, VOCAB
 
 pytest.importorskip("xgrammar")
 

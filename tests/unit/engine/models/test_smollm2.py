@@ -16,7 +16,7 @@ import torch
 
 from app.engine.loading import cache
 from app.engine.loading.gguf import GGUFFile
-from tests.unit.engine.models.helpers import PagedRunner, hf_greedy
+from tests.support.engine_models import PagedRunner, hf_greedy
 
 PROMPTS = [
     "What is the capital of France?",

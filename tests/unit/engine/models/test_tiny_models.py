@@ -10,8 +10,7 @@ import torch
 
 from app.engine.attention import AttentionMetadata
 from app.engine.loading import load_model
-from tests.unit.engine.models.conftest import TINY_CONFIGS, VOCAB
-from tests.unit.engine.models.helpers import PagedRunner, hf_greedy
+from tests.support.engine_models import TINY_CONFIGS, VOCAB, PagedRunner, hf_greedy
 
 NAMES = list(TINY_CONFIGS)
 

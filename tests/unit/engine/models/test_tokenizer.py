@@ -11,7 +11,7 @@ import pytest
 
 from app.engine.loading import load_model
 from app.engine.tokenizer import Tokenizer
-from tests.unit.engine.models.helpers import write_tiny_tokenizer
+from tests.support.engine_models import write_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

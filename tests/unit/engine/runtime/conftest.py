@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +10,7 @@ import pytest
 import torch
 
 from app.engine.llm_engine import LLMEngine
-from tests.unit.engine.models.conftest import TINY_CONFIGS, VOCAB, build_hf_model
-from tests.unit.engine.models.helpers import save_hf_model
-
-TINY_NAMES = tuple(TINY_CONFIGS)  # llama (GQA, llama3 RoPE), llama (MQA, tied, linear RoPE), gpt2
+from tests.support.engine_models import TINY_CONFIGS, build_hf_model, save_hf_model
 
 
 @pytest.fixture(scope="session")
@@ -57,23 +53,3 @@ def make_engine(loaded: dict[str, tuple[Any, Any, Any]]) -> Callable[..., LLMEng
         return LLMEngine.from_loaded(model, tokenizer, config, **kwargs)
 
     return make
-
-
-def random_prompts(count: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
-    """Token-id prompts of mixed lengths, avoiding the special ids (0-2) so nothing stops early."""
-    rng = random.Random(seed)
-    return [[rng.randrange(3, VOCAB) for _ in range(rng.randint(min_len, max_len))] for _ in range(count)]
-
-
-def with_and_without_prefix_cache(
-    make: Callable[..., LLMEngine], params: Any, tails: int = 6
-) -> tuple[list[Any], list[Any], LLMEngine, LLMEngine]:
-    """The shared-prefix workload (a 40-token prefix with short tails; the first request fills the cache, the
-    others hit it) on an engine with prefix caching and on one without: both outputs, then both engines."""
-    shared = random_prompts(1, 40, 40, seed=3)[0]
-    prompts = [shared + tail for tail in random_prompts(tails, 1, 12, seed=4)]
-    cached = make(enable_prefix_caching=True, block_size=8)
-    plain = make(enable_prefix_caching=False, block_size=8)
-    with_cache = cached.generate(prompts[:1], params) + cached.generate(prompts[1:], params)
-    without = plain.generate(prompts[:1], params) + plain.generate(prompts[1:], params)
-    return with_cache, without, cached, plain

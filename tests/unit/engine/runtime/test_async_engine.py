@@ -13,7 +13,7 @@ import pytest
 
 from app.engine import AsyncEngine, EngineDeadError, EngineQueueFullError, LLMEngine, SamplingParams
 from app.engine.outputs import RequestOutput
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.support.engine_runtime import random_prompts
 
 PROMPTS = random_prompts(16, 4, 30, seed=21)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -15,7 +15,7 @@ import app.engine.kernels.cpu_features as cpu_features
 from app.engine import LLMEngine, SamplingParams
 from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.loading import checkpoint_dtype, load_model
-from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
+from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from app.engine import LLMEngine, SamplingParams
-from tests.unit.engine.models.helpers import hf_greedy
-from tests.unit.engine.runtime.conftest import TINY_NAMES, random_prompts, with_and_without_prefix_cache
+from tests.support.engine_models import TINY_NAMES, hf_greedy
+from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
 
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)

@@ -18,7 +18,7 @@ from app.engine.attention import AttentionMetadata, allocate_kv_cache
 from app.engine.cuda_graphs import DecodeGraphRunner, batch_buckets, width_buckets
 from app.engine.loading import load_model
 from app.engine.model_runner import ModelRunner, StepBatch
-from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
+from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 

@@ -15,7 +15,7 @@ from app.engine import LLMEngine, SamplingParams
 from app.engine.kernels import decode_layer, matmul
 from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.kernels.matmul import bf16_matmul_supported
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.support.engine_runtime import random_prompts
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
 
@@ -97,7 +97,7 @@ def test_engines_sharing_a_model_rebuild_the_layers_for_their_own_cache(
 
 
 gguf = pytest.importorskip("gguf")
-from tests.unit.engine.runtime.test_gguf_q4 import write_q4  # noqa: E402
+from tests.support.gguf_files import write_q4  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -160,8 +160,7 @@ def bf16_engine(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from app.engine.loading import load_model
-    from tests.unit.engine.models.conftest import VOCAB
-    from tests.unit.engine.models.helpers import save_hf_model
+    from tests.support.engine_models import VOCAB, save_hf_model
 
     torch.manual_seed(4321)
     cfg = LlamaConfig(

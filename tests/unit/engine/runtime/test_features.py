@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from app.engine import LLMEngine, RequestOutput, SamplingParams
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.support.engine_runtime import random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 PROMPT = random_prompts(1, 12, 12, seed=11)[0]

@@ -17,29 +17,19 @@ from app.engine import LLMEngine, SamplingParams
 from app.engine.loading import apply_quantization, load_model
 from app.engine.loading.dequant import Q4_0, Q4_1, dequantize, q4_groups
 from app.engine.models.layers import Linear
-from tests.unit.engine.models.conftest import VOCAB, build_hf_model
-from tests.unit.engine.models.helpers import PagedRunner, write_tiny_tokenizer
-from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
+from tests.support.engine_models import VOCAB, PagedRunner
+from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import quantize  # noqa: E402
 
-from tests.unit.engine.models.test_gguf_tiny import write_gguf  # noqa: E402
+from tests.support.gguf_files import Q4_MODEL, write_q4  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-MODEL = "llama_gqa_llama3"  # hidden 64, intermediate 128: every projection is whole 32-blocks
 
 
 def tokens(outputs: list[Any]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
-
-
-def write_q4(root: Path, qtype: Any) -> Path:
-    hf = build_hf_model(MODEL)
-    write_tiny_tokenizer(root, VOCAB)
-    path = root / f"tiny-{qtype.name}.gguf"
-    write_gguf(hf, root / "tokenizer.json", path, kinds=[qtype])
-    return path
 
 
 @pytest.fixture(scope="module", params=["Q4_0", "Q4_1"])
@@ -120,7 +110,7 @@ def test_an_hf_folder_or_an_already_loaded_model_is_a_clear_error(
     make_engine: Callable[..., LLMEngine], tiny: dict[str, tuple[Path, Any]]
 ) -> None:
     with pytest.raises(ValueError, match=r"quantization='gguf' needs a \.gguf model file"):
-        LLMEngine(tiny[MODEL][0], quantization="gguf")
+        LLMEngine(tiny[Q4_MODEL][0], quantization="gguf")
     with pytest.raises(ValueError, match=r"load the model from the \.gguf file"):
         make_engine(quantization="gguf")
 

@@ -16,7 +16,7 @@ from api.main import create_app
 from app.engine import AsyncEngine, LLMEngine, SamplingParams
 from app.serving.backends.native import NativeBackend
 from app.settings import Settings
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.support.engine_runtime import random_prompts
 
 STALL = 0.3
 PROMPT = random_prompts(1, 5, 5, seed=3)[0]

@@ -14,7 +14,7 @@ from app.engine import LLMEngine, SamplingParams
 from app.engine.loading import load_model
 from app.engine.models.layers import Linear
 from app.engine.models.quantization import quantize_model
-from tests.unit.engine.runtime.conftest import random_prompts, with_and_without_prefix_cache
+from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 

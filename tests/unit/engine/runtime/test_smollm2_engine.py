@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from app.engine import LLMEngine, SamplingParams
-from tests.unit.engine.models.helpers import hf_greedy
+from tests.support.engine_models import hf_greedy
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -15,7 +15,8 @@ import pytest
 
 from app.engine import AsyncEngine, LLMEngine, RequestOutput, SamplingParams
 from app.engine.spec_decode import SpeculativeConfig
-from tests.unit.engine.runtime.conftest import TINY_NAMES, VOCAB, random_prompts
+from tests.support.engine_models import TINY_NAMES, VOCAB
+from tests.support.engine_runtime import random_prompts
 
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)

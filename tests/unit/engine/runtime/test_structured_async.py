@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.engine import AsyncEngine, LLMEngine, SamplingParams, StructuredOutputsParams
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.support.engine_runtime import random_prompts
 
 pytest.importorskip("xgrammar")
 

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.engine import LLMEngine, RequestOutput, SamplingParams, StructuredOutputsParams
-from tests.unit.engine.runtime.conftest import random_prompts
+from tests.support.engine_runtime import random_prompts
 
 pytest.importorskip("xgrammar")
 

@@ -17,12 +17,9 @@ from app.pipeline.optimization import (
     SFAOptimizer,
     VerifierLoss,
 )
+from tests.support.pipeline_modules import FanOut, Join, prompt
 
 from .conftest import AliasLM
-
-
-def prompt(value: str, what: str) -> Parameter:
-    return Parameter(value, description=what)
 
 
 class Chain(Module):
@@ -33,26 +30,6 @@ class Chain(Module):
 
     def forward(self, x: Any) -> Any:
         return self.polish(self.draft(x))
-
-
-class Join(Module):
-    def forward(self, a: str, b: str) -> str:
-        return f"{a} | {b}"
-
-
-class FanOut(Module):
-    """One draft read by two critics, whose notes are joined."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.draft = LLMInference("fast", system_prompt=prompt("Draft.", "drafting"))
-        self.style = LLMInference("fast", system_prompt=prompt("Style?", "style critic"))
-        self.facts = LLMInference("fast", system_prompt=prompt("Facts?", "fact critic"))
-        self.join = Join()
-
-    def forward(self, x: Any) -> Any:
-        d = self.draft(x)
-        return self.join(self.style(d), self.facts(d))
 
 
 def fail(message: str) -> VerifierLoss:

@@ -10,9 +10,9 @@ from app.pipeline import ExecutionSettings, LLMInference, Module, Parameter, Res
 from app.pipeline.optimization import Optimizer, ParameterUpdate, SFAOptimizer, VerifierLoss
 from app.pipeline.resources import ConfigurationError
 from app.pipeline.resources.types import LLMRequest
+from tests.support.pipeline_modules import FanOut
 
 from .conftest import AliasLM, current_value
-from .test_backward import FanOut
 
 
 class Three(Module):

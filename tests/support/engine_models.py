@@ -1,4 +1,5 @@
-"""Test helpers: tiny random HF checkpoints, a tiny tokenizer, a minimal paged-KV runner, and an HF greedy loop."""
+"""The engine tests' tiny models: random-weight HF checkpoints (Llama and GPT-2), their byte-level BPE tokenizer, a
+minimal paged-KV runner, and transformers' greedy loop to compare with."""
 
 from __future__ import annotations
 
@@ -11,6 +12,71 @@ import torch
 
 from app.engine.attention import AttentionMetadata, allocate_kv_cache
 from app.engine.models.base import PagedCausalLM
+
+VOCAB = 320
+EOS = 2  # <|im_end|>: the tiny tokenizer's and the tiny models' end of sequence
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    # GQA (4 query heads over 2 kv heads), separate lm_head, llama3 RoPE scaling that bites at short range.
+    "llama_gqa_llama3": dict(
+        kind="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    # Multi-query (one kv head), tied embeddings, linear RoPE scaling, attention biases, sharded safetensors.
+    "llama_mqa_tied_linear": dict(
+        kind="llama",
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        shard="60KB",
+    ),
+    "gpt2": dict(kind="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=256),
+}
+TINY_NAMES = tuple(TINY_CONFIGS)  # llama (GQA, llama3 RoPE), llama (MQA, tied, linear RoPE), gpt2
+
+
+def build_hf_model(name: str) -> Any:
+    """The transformers model of ``TINY_CONFIGS[name]``, with seeded random weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    spec = dict(TINY_CONFIGS[name])
+    kind = spec.pop("kind")
+    spec.pop("shard", None)
+    torch.manual_seed(1234)
+    # A larger init than the default 0.02 makes logits peaked, so greedy choices are not near-ties.
+    model: Any
+    if kind == "gpt2":
+        gpt2 = GPT2Config(vocab_size=VOCAB, initializer_range=0.2, bos_token_id=1, eos_token_id=2, **spec)
+        model = GPT2LMHeadModel(gpt2)
+    else:
+        llama = LlamaConfig(
+            vocab_size=VOCAB,
+            max_position_embeddings=512,
+            initializer_range=0.2,
+            bos_token_id=1,
+            eos_token_id=2,
+            **spec,
+        )
+        model = LlamaForCausalLM(llama)
+    return model.eval()
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
