@@ -202,6 +202,32 @@ class Settings(BaseSettings):
     openai_model: str | None = Field(default=None, description="Model name the upstream server knows")
     upstream_timeout: float = Field(default=600.0, gt=0, description="Seconds per proxied upstream request")
 
+    # --- the CPU kernels' switches: each turns a faster path off, to try the fallback on a machine that has both --
+    disable_avx512: bool = Field(
+        default=False,
+        description="CPU kernels: run the AVX2 builds even where the CPU has AVX-512 (same results)",
+    )
+    disable_bf16: bool = Field(
+        default=False,
+        description="CPU: no bfloat16 products even where the CPU has AVX512-BF16 or AMX (dtype 'auto' then picks "
+        "float32, and attention takes float32 products)",
+    )
+    disable_amx: bool = Field(
+        default=False,
+        description="CPU prefill attention: no AMX-BF16 tiles even where the CPU has them (AVX512-BF16 instead)",
+    )
+    disable_decode_layer: bool = Field(
+        default=False,
+        description="Native engine on CPU: run decode steps through the Python layers instead of one C call per "
+        "layer (the same numbers; to compare, or to rule the C layer out)",
+    )
+
+    @field_validator("disable_avx512", "disable_bf16", "disable_amx", "disable_decode_layer", mode="before")
+    @classmethod
+    def _blank_switch_is_off(cls, value: Any) -> Any:
+        # ``INF_ENGINE_DISABLE_AVX512=`` (set but empty) leaves the fast path on, as an unset variable does.
+        return False if isinstance(value, str) and not value.strip() else value
+
     # --- jobs (``/v1/jobs``), the embedded executor, and the CLI that talks to a server ------------------------
     db_auto_upgrade: bool = Field(
         default=True, description="The server runs the database migrations at start"
@@ -457,6 +483,12 @@ class Settings(BaseSettings):
                 f"{CONFIG_FILE_ENV} names {path}, which does not exist; point it at a TOML file, or unset it"
             )
         return tuple(sources)
+
+
+def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a child process we start (vLLM's server): this process's, with ``extra`` on top. It
+    lives here because this module is the one place that reads the environment."""
+    return {**os.environ, **extra}
 
 
 @lru_cache(maxsize=1)

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 import app.engine.kernels.library as library
-from app.engine.kernels.cpu_features import avx512_enabled, cpu_flags
+from app.engine.kernels.cpu_features import avx512_enabled, cpu_flags, kernel_settings
 
 # Query vectors per tile of the prefill kernel, and its position padding (prefill_attention.c: TILE, PAD).
 _PREFILL_TILE, _PREFILL_PAD = 12, 16
@@ -17,17 +15,13 @@ PREFILL_ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
 AMX_HEAD_DIMS = (32, 64)  # the AMX build's head sizes (prefill_attention_amx.h)
 
 
-def _env_off(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
-
-
 def prefill_isa(bf16_products: bool) -> str:
     """The prefill kernel's build for this CPU: for a bfloat16 model, ``amx`` (AMX-BF16 tiles) where the CPU has
     them, Linux grants them and ``INF_ENGINE_DISABLE_AMX`` is not set, else ``avx512_bf16`` where the CPU has
     AVX512-BF16 and ``INF_ENGINE_DISABLE_BF16`` is not set; else ``avx512`` or ``avx2``."""
     if not avx512_enabled():
         return "avx2"
-    if bf16_products and not _env_off("INF_ENGINE_DISABLE_BF16") and "avx512_bf16" in cpu_flags():
+    if bf16_products and not kernel_settings().disable_bf16 and "avx512_bf16" in cpu_flags():
         return "amx" if amx_enabled() else "avx512_bf16"
     return "avx512"
 
@@ -35,7 +29,7 @@ def prefill_isa(bf16_products: bool) -> str:
 def amx_enabled() -> bool:
     """AMX-BF16 tiles for the prefill kernel: the CPU has them, the kernels are built, Linux lets this process
     use the tile state, and ``INF_ENGINE_DISABLE_AMX`` is not set."""
-    if _env_off("INF_ENGINE_DISABLE_AMX") or not {"amx_tile", "amx_bf16"} <= cpu_flags():
+    if kernel_settings().disable_amx or not {"amx_tile", "amx_bf16"} <= cpu_flags():
         return False
     lib = library.get()
     return lib is not None and bool(lib.amx_request())

@@ -4,13 +4,15 @@ older ones AVX2 only), so the engine picks the best path and falls back cleanly.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["avx512_enabled", "bf16_products_supported", "cpu_flags", "onednn_linear_op"]
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+__all__ = ["avx512_enabled", "bf16_products_supported", "cpu_flags", "kernel_settings", "onednn_linear_op"]
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -28,10 +30,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def kernel_settings() -> Settings:
+    """The process settings, whose ``disable_*`` fields switch kernel paths off (``INF_ENGINE_DISABLE_AVX512``,
+    ``INF_ENGINE_DISABLE_BF16``, ``INF_ENGINE_DISABLE_AMX``, ``INF_ENGINE_DISABLE_DECODE_LAYER``). The settings are
+    cached: a test that changes one of those variables clears ``app.settings.get_settings``'s cache."""
+    from app.settings import get_settings  # the one settings object, imported lazily to keep the engine light
+
+    return get_settings()
+
+
 def avx512_enabled() -> bool:
     """Whether the kernels run their AVX-512 builds: the CPU has AVX-512 F/DQ/BW and
     ``INF_ENGINE_DISABLE_AVX512`` is not set (``1`` tries the AVX2 builds on a machine that has both)."""
-    if os.environ.get("INF_ENGINE_DISABLE_AVX512", "").strip().lower() in ("1", "true", "yes"):
+    if kernel_settings().disable_avx512:
         return False
     return {"avx512f", "avx512dq", "avx512bw"} <= cpu_flags()
 
@@ -40,7 +51,7 @@ def bf16_products_supported() -> bool:
     """bfloat16 matrix products run natively here: AVX512-BF16 (or AMX) dot products, through oneDNN.
 
     ``INF_ENGINE_DISABLE_BF16=1`` answers no (to try the float32 fallback on a machine that has them)."""
-    if os.environ.get("INF_ENGINE_DISABLE_BF16", "").strip() in ("1", "true", "yes"):
+    if kernel_settings().disable_bf16:
         return False
     flags = cpu_flags()
     return onednn_linear_op() is not None and bool({"avx512_bf16", "amx_bf16"} & flags)

@@ -9,13 +9,13 @@ same arguments as the Python layer, so the numbers are the same bits.
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 
 import torch
 
 import app.engine.kernels.library as library
 from app.engine.kernels.attention import bf16_attention_supported
+from app.engine.kernels.cpu_features import kernel_settings
 from app.engine.kernels.matmul import bf16_matmul_supported, gemm_packed
 from app.engine.kernels.qblock import QK, QBlockWeight, _scratch_floats, qblock_isa
 
@@ -61,19 +61,21 @@ class _Step(ctypes.Structure):
     ]
 
 
-# INF_ENGINE_DISABLE_DECODE_LAYER=1 runs every step through the Python layers (to compare, or to rule it out)
-_enabled = os.environ.get("INF_ENGINE_DISABLE_DECODE_LAYER", "").strip().lower() not in ("1", "true", "yes")
+# use_decode_layer's choice; None: the settings' (INF_ENGINE_DISABLE_DECODE_LAYER=1 runs every step through the
+# Python layers, to compare, or to rule the C layer out)
+_enabled: bool | None = None
 
 
-def use_decode_layer(on: bool = True) -> None:
+def use_decode_layer(on: bool | None = True) -> None:
     """Run few-token decode steps layer by layer in C (the default) or through the Python layers (the same
-    numbers; for tests and comparisons)."""
+    numbers; for tests and comparisons); None goes back to the settings' ``disable_decode_layer``."""
     global _enabled
     _enabled = on
 
 
 def decode_layer_enabled() -> bool:
-    return _enabled and library.get() is not None
+    on = not kernel_settings().disable_decode_layer if _enabled is None else _enabled
+    return on and library.get() is not None
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,12 @@ once per token, so the bytes read are the time: Q4_1 reads 0.63 bytes per weight
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 
 import app.engine.kernels.library as library
-from app.engine.kernels.cpu_features import cpu_flags
+from app.engine.kernels.cpu_features import cpu_flags, kernel_settings
 
 __all__ = [
     "QBlockWeight",
@@ -105,7 +104,7 @@ def _scratch_floats(rows: int, cols: int) -> int:
 @functools.cache
 def qblock_isa() -> str:
     """``vnni`` (AVX512-VNNI dot products) or ``avx2``; ``INF_ENGINE_DISABLE_AVX512=1`` forces ``avx2``."""
-    if os.environ.get("INF_ENGINE_DISABLE_AVX512", "").strip().lower() in ("1", "true", "yes"):
+    if kernel_settings().disable_avx512:
         return "avx2"
     flags = cpu_flags()
     return "vnni" if {"avx512f", "avx512vl", "avx512_vnni"} <= flags else "avx2"

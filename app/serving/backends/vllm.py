@@ -25,6 +25,7 @@ import aiohttp
 from app.serving.backends.base import BackendUnavailableError, HealthStatus
 from app.serving.backends.local import default_served_name, resolve_hf_folder
 from app.serving.backends.openai_proxy import OpenAIProxyBackend
+from app.settings import child_environment
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -108,7 +109,7 @@ class VLLMBackend(OpenAIProxyBackend):
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         fd, log_name = tempfile.mkstemp(prefix=f"vllm-{self.port}-", suffix=".log")
         self.log_path = Path(log_name)
-        env = {**os.environ, **self.env}
+        env = child_environment(self.env)
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *self.command(folder, self.port),

@@ -3,6 +3,8 @@ whatever way a prompt is split (whole, in chunks, after a prefix-cache hit, batc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from app.engine.kernels.attention import (
     avx512_enabled,
     paged_decode_attention,
     paged_prefill_attention,
+    prefill_isa,
 )
 from app.engine.kernels.cpu_features import cpu_flags
 
@@ -157,11 +160,19 @@ def test_declines_what_it_cannot_run() -> None:
     assert not paged_prefill_attention(torch.randn(3, 1, 8), odd, table, [10], [0], [3], 0.25, out[:, :8])
 
 
-def test_avx512_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("INF_ENGINE_DISABLE_AVX512", "1")
+def test_avx512_switch(settings_env: Callable[[str, str | None], None]) -> None:
+    settings_env("INF_ENGINE_DISABLE_AVX512", "1")
     assert not avx512_enabled()
-    monkeypatch.delenv("INF_ENGINE_DISABLE_AVX512")
+    settings_env("INF_ENGINE_DISABLE_AVX512", None)
     assert avx512_enabled() == ({"avx512f", "avx512dq", "avx512bw"} <= cpu_flags())
+
+
+def test_bf16_and_amx_switches(settings_env: Callable[[str, str | None], None]) -> None:
+    settings_env("INF_ENGINE_DISABLE_BF16", "true")
+    assert prefill_isa(bf16_products=True) in ("avx2", "avx512")
+    settings_env("INF_ENGINE_DISABLE_BF16", None)
+    settings_env("INF_ENGINE_DISABLE_AMX", "1")
+    assert not amx_enabled() and prefill_isa(bf16_products=True) != "amx"
 
 
 @needs_kernel

@@ -92,7 +92,9 @@ def test_prefix_caching_and_preemption_same_tokens(make_bf16: Callable[..., LLME
 
 
 def test_auto_dtype_follows_checkpoint_and_cpu(
-    tiny: dict[str, tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch
+    tiny: dict[str, tuple[Path, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    settings_env: Callable[[str, str | None], None],
 ) -> None:
     from app.engine.llm_engine import EngineConfig
 
@@ -108,7 +110,7 @@ def test_auto_dtype_follows_checkpoint_and_cpu(
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
     assert EngineConfig().resolve_dtype(cpu, torch.bfloat16) == torch.float32
     monkeypatch.undo()
-    monkeypatch.setenv("INF_ENGINE_DISABLE_BF16", "1")  # the operator's switch to the float32 path
+    settings_env("INF_ENGINE_DISABLE_BF16", "1")  # the operator's switch to the float32 path
     assert EngineConfig().resolve_dtype(cpu, torch.bfloat16) == torch.float32
 
 

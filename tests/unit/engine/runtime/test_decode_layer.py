@@ -22,7 +22,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprob
 
 @pytest.fixture
 def c_layer_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """The row count of every step that ran in C; the switch is restored afterwards."""
+    """The row count of every step that ran in C; the switch goes back to the settings' afterwards."""
     steps: list[int] = []
     run = decode_layer.DecodeStepBuffers.run
 
@@ -32,7 +32,7 @@ def c_layer_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
     monkeypatch.setattr(decode_layer.DecodeStepBuffers, "run", counted)
     yield steps
-    decode_layer.use_decode_layer(True)
+    decode_layer.use_decode_layer(None)
 
 
 def outputs(engine: LLMEngine, prompts: list[list[int]], in_c: bool) -> list[tuple[list[int], Any]]:
@@ -47,6 +47,20 @@ def assert_c_matches_python(engine: LLMEngine, prompts: list[list[int]], c_layer
     python = outputs(engine, prompts, in_c=False)
     assert c_layer_steps == []
     assert outputs(engine, prompts, in_c=True) == python
+
+
+def test_the_setting_runs_the_python_layers(settings_env: Callable[[str, str | None], None]) -> None:
+    """INF_ENGINE_DISABLE_DECODE_LAYER=1 (the settings' disable_decode_layer) turns the C layer off, unless a test
+    chose with use_decode_layer."""
+    settings_env("INF_ENGINE_DISABLE_DECODE_LAYER", "1")
+    assert not decode_layer.decode_layer_enabled()
+    decode_layer.use_decode_layer(True)
+    try:
+        assert decode_layer.decode_layer_enabled() == kernels.available()
+    finally:
+        decode_layer.use_decode_layer(None)
+    settings_env("INF_ENGINE_DISABLE_DECODE_LAYER", None)
+    assert decode_layer.decode_layer_enabled() == kernels.available()
 
 
 @pytest.mark.parametrize("count", [1, 2])
