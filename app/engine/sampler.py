@@ -16,7 +16,8 @@ Processing order (the same as vLLM's V1 sampler, so that requests behave alike o
 How a token is drawn, and why it is neither ``torch.multinomial`` nor the exponential race
 (``argmax(p / Exp(1))``): both spend one random number per vocabulary entry, and on this CPU generating
 ``64 x 49,152`` exponentials costs ~150 ms, more than everything else together. We draw *one* uniform per
-row and invert the row's CDF (two-level: block masses, then one block; see ``_invert_cdf``).
+row and invert the row's CDF (two-level: block masses, then one block; see
+:func:`app.engine.sampling_ops.invert_cdf`, which speculative decoding draws with too).
 
 ``top_p`` is not done by sorting (a full sort of ``64 x 49,152`` floats costs ~0.6 s here) but by
 rejection: draw from the top-k/min-p distribution; the token is inside the nucleus iff the mass of strictly
@@ -38,11 +39,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
-import torch.nn.functional as F
 
 from app.engine.core.sampling_params import SamplingParams
 from app.engine.guided.bitmask import TokenBitmask, apply_bitmask
 from app.engine.kernels.elementwise import argmax_rows
+from app.engine.sampling_ops import block_mass, invert_cdf, pad_to_cdf_blocks
 
 if TYPE_CHECKING:
     from app.engine.core.sequence import Sequence
@@ -61,8 +62,6 @@ __all__ = [
 LogprobsMode = Literal["raw", "processed"]
 
 _MASK64 = (1 << 64) - 1
-# Inverse-CDF sampling scans the vocabulary in blocks of this many entries (see Sampler._invert_cdf).
-_CDF_BLOCK = 256
 _NEG_INF = float("-inf")
 
 
@@ -433,50 +432,6 @@ class Sampler:
                 values.append(seeded_uniform(seed, row.seq_index, len(row.output_token_ids), draw))
         return torch.tensor(values, dtype=torch.float64, device=device)
 
-    @staticmethod
-    def _search(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Per row, the first index whose cumulative mass exceeds ``target`` ([R, 1]); shape [R, 1].
-
-        ``target`` can round up to the row's total; the result is then clamped to the first index reaching
-        the total, which always carries non-zero mass, so a zero-probability entry is never returned.
-        """
-        found = torch.searchsorted(cdf, target, right=True)
-        last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)
-        return torch.minimum(found, last)
-
-    @staticmethod
-    def _block_mass(probs: torch.Tensor) -> torch.Tensor:
-        """Mass of each ``_CDF_BLOCK``-wide block of each row, float64 [R, num_blocks].
-
-        Summed in float32 inside a block and then widened: a float64 reduction over the whole row costs ~10x
-        more on CPU, and many short per-output reductions are summed in the same order whatever the number of
-        rows (a single long reduction may be split across threads when the batch has one row), which keeps
-        seeded rows independent of the batch down to the last bit.
-        """
-        rows, vocab = probs.shape
-        width = min(_CDF_BLOCK, vocab)  # a small vocabulary is one block (see _sample_random's padding)
-        return probs.view(rows, vocab // width, width).sum(dim=-1).to(torch.float64)
-
-    @classmethod
-    def _invert_cdf(cls, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """Token ids drawn by inverse CDF from non-negative, unnormalised ``probs`` with uniforms ``u``.
-
-        Two levels, because a float64 ``cumsum`` over the whole vocabulary was the most expensive step of
-        the sampler on CPU: the cumulative block masses locate the block, then only that block is scanned.
-        Cumulating in float64 keeps the tail tokens' share of mass, which float32 sums near 1.0 round away.
-        """
-        rows, vocab = probs.shape
-        width = min(_CDF_BLOCK, vocab)
-        block_cdf = cls._block_mass(probs).cumsum(dim=-1)
-        target = u.unsqueeze(1) * block_cdf[:, -1:]
-        block = cls._search(block_cdf, target).clamp_max_(block_cdf.shape[1] - 1)  # clamp: NaN rows only
-        # Mass before the chosen block: the previous block's cumulative value (0 for the first block).
-        before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp_min(0)), 0.0)
-        blocks = probs.view(rows, -1, width)
-        inner = blocks.gather(1, block.unsqueeze(2).expand(rows, 1, width)).squeeze(1)
-        offset = cls._search(inner.cumsum(dim=-1, dtype=torch.float64), target - before).clamp_max_(width - 1)
-        return (block * width + offset).squeeze(1)
-
     def _apply_min_p_top_k(self, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
         """The sampled rows ``x`` (after temperature) with tokens below their min_p / top_k cut set to -inf.
 
@@ -517,10 +472,9 @@ class Sampler:
         x = self._apply_min_p_top_k(x, plan)
 
         probs = x.softmax(dim=-1)
-        if vocab > _CDF_BLOCK and vocab % _CDF_BLOCK:
-            # Whole blocks for the two-level CDF; the padding has zero mass and is never drawn.
-            probs = F.pad(probs, (0, _CDF_BLOCK - vocab % _CDF_BLOCK))
-        chosen = self._invert_cdf(probs, self._uniforms(list(range(n_sampled)), plan, rows, 0, device))
+        # Whole blocks for the two-level CDF (top_p's test sums them too); the padding is never drawn.
+        probs = pad_to_cdf_blocks(probs)
+        chosen = invert_cdf(probs, self._uniforms(list(range(n_sampled)), plan, rows, 0, device))
         p_rows = [j for j, p in enumerate(plan.top_p) if p < 1.0]
         if p_rows:
             p_index = self._long(p_rows, device)
@@ -547,14 +501,14 @@ class Sampler:
         superset of the nucleus and stops when the draw lands inside it.
         """
         device = probs.device
-        total = self._block_mass(probs).sum(dim=-1)
+        total = block_mass(probs).sum(dim=-1)
         chosen = chosen.clone()
         pending = torch.arange(probs.shape[0], device=device)
         pending_probs = probs  # the full (min_p/top_k-masked) distribution of each pending row
         for draw in range(1, self.max_top_p_rounds + 1):
             pivot = pending_probs.gather(1, chosen[pending].unsqueeze(1))
             above = torch.where(pending_probs > pivot, pending_probs, 0.0)
-            rejected = self._block_mass(above).sum(dim=-1) >= top_p[pending] * total[pending]
+            rejected = block_mass(above).sum(dim=-1) >= top_p[pending] * total[pending]
             reject_list: list[int] = rejected.nonzero().squeeze(1).tolist()
             if not reject_list:
                 return chosen
@@ -564,9 +518,7 @@ class Sampler:
             # Every token at most as probable as the rejected one is outside the nucleus too: redraw among
             # the strictly more probable ones (``above`` is that restricted, unnormalised distribution).
             redraw_rows = [local_rows[i] for i in pending.tolist()]
-            chosen[pending] = self._invert_cdf(
-                above[keep], self._uniforms(redraw_rows, plan, rows, draw, device)
-            )
+            chosen[pending] = invert_cdf(above[keep], self._uniforms(redraw_rows, plan, rows, draw, device))
         chosen[pending] = pending_probs.argmax(dim=-1)  # the most probable token is always in the nucleus
         return chosen
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from app.engine.sampling_ops import invert_cdf
 from app.engine.spec_decode.forward import SeqView, row_for, run_rows
-from app.engine.spec_decode.uniforms import DRAW_PROPOSE, Uniforms, _invert_cdf
+from app.engine.spec_decode.uniforms import DRAW_PROPOSE, Uniforms
 
 if TYPE_CHECKING:
     from app.engine.core.sequence import Sequence
@@ -210,7 +211,7 @@ class DraftModelProposer:
             u = uniforms.draw(
                 [(requests[i][0], requests[i][0].num_output_tokens + step) for i in active], DRAW_PROPOSE
             )
-            tokens = _invert_cdf(q, u).tolist()
+            tokens = invert_cdf(q, u).tolist()
             for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
                 proposals[i].tokens.append(int(token))
                 if not requests[i][0].sampling_params.is_greedy:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.engine.spec_decode.uniforms import _invert_cdf
+from app.engine.sampling_ops import invert_cdf
 
 if TYPE_CHECKING:
     from app.engine.spec_decode.proposers import Proposal
@@ -85,5 +85,5 @@ def verify(
     empty = final.sum(dim=-1) <= 0
     if bool(empty.any()):
         final[empty] = target_probs.index_select(0, final_rows)[empty]
-    tokens = _invert_cdf(final, u_final.index_select(0, final_rows.cpu())).tolist()
+    tokens = invert_cdf(final, u_final.index_select(0, final_rows.cpu())).tolist()
     return num_accepted, [int(t) for t in tokens]

@@ -44,13 +44,3 @@ class Uniforms:
             for (seq, position), u in zip(items, fresh, strict=True)
         ]
         return torch.tensor(values, dtype=torch.float64)
-
-
-def _invert_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One token per row of non-negative (unnormalised) ``probs`` by inverse CDF with uniforms ``u``; never
-    a zero-probability token."""
-    cdf = probs.to(torch.float64).cumsum(dim=-1)
-    total = cdf[:, -1:]
-    found = torch.searchsorted(cdf, u.to(cdf.device).unsqueeze(1) * total, right=True)
-    last = torch.searchsorted(cdf, total.contiguous(), right=False)  # the last token with mass
-    return torch.minimum(found, last).squeeze(1)
