@@ -12,7 +12,7 @@ from redis import Redis
 from app.db import JobStatus
 from app.db.repository.platform_stats import job_status_counts, tenant_item_counts
 from app.jobs.distributed.monitoring import JobCounts, PlatformCollector
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.jobs.tenants import ANONYMOUS, KeyRing
 from app.settings import Settings
 

@@ -246,11 +246,23 @@ class Settings(BaseSettings):
         description="Largest HTTP request body in bytes on any route (413 beyond; /tokenize and /detokenize take "
         "at most 4 MiB, jobs and files at most jobs_max_bytes)",
     )
-    jobs_max_running: int = Field(default=4, ge=1, description="Jobs the embedded executor runs at once")
+    jobs_max_running: int = Field(
+        default=4,
+        ge=1,
+        description="Jobs whose node rows the server writes at once after their submission (all open jobs run, "
+        "sharing the dispatch windows fairly)",
+    )
+    jobs_threads: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="Node tasks the server runs at once in the embedded mode (no Redis): its in-process queue's "
+        "task threads; each message may carry node_group nodes, whose calls run together",
+    )
     jobs_poll_interval: float = Field(
         default=1.0,
         gt=0,
-        description="Seconds between the embedded executor's looks for new or cancelled jobs",
+        description="Seconds between the server's looks for new or cancelled jobs (a submit or cancel wakes it at once)",
     )
     api_url: str | None = Field(
         default=None,

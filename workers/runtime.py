@@ -16,6 +16,7 @@ from app.jobs.distributed import Endpoints, NodePolicy, NodeWorker
 from app.jobs.distributed.monitoring import BufferedRecorder
 from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import build_node_worker, endpoints_of, node_policy
+from app.jobs.endpoints import EndpointResolver
 from app.settings import get_settings
 from workers.engine_host import get_host
 
@@ -48,14 +49,10 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _celery() -> Any:
-    from workers.celery_app import app
 
-    return app
-
-
-def node_worker() -> NodeWorker:
-    """This process's node runtime (sessions, endpoints, dispatcher, the shared event loop, metrics)."""
+def node_worker(celery: Any) -> NodeWorker:
+    """This process's node runtime: sessions, endpoints, the dispatcher on ``celery`` (the app running the task,
+    passed in rather than imported, since ``workers.celery_app`` imports this module), the event loop, metrics."""
     global _worker
     if _worker is None:
         with _lock:
@@ -63,26 +60,29 @@ def node_worker() -> NodeWorker:
                 settings = get_settings()
                 recorder = BufferedRecorder(Redis.from_url(settings.redis_url or "", socket_timeout=5),
                                             settings.redis_prefix)
+                # the engine host registered the in-process engine with its own options
+                resources = EndpointResolver(settings, on_wait=_quietly(recorder.rate_limit_wait),
+                                             register_engine=False)
                 _worker = build_node_worker(
                     settings,
-                    CeleryDispatcher(_celery(), settings),
+                    CeleryDispatcher(celery, settings),
                     get_host().submit,
+                    resources_for=resources,
                     observe=_quietly(recorder.node_finished),
-                    on_wait=_quietly(recorder.rate_limit_wait),
                     max_calls=_max_calls,
                 )
     return _worker
 
 
-def sweeper_parts() -> tuple[SessionFactory, CeleryDispatcher, Endpoints, NodePolicy]:
+def sweeper_parts(celery: Any) -> tuple[SessionFactory, CeleryDispatcher, Endpoints, NodePolicy]:
     """What the sweeper needs, once per process."""
     global _sweeper
     if _sweeper is None:
         with _lock:
             if _sweeper is None:
                 settings = get_settings()
-                worker = node_worker() if _worker is None else _worker
-                _sweeper = (worker.sessions, CeleryDispatcher(_celery(), settings), endpoints_of(settings),
+                worker = node_worker(celery) if _worker is None else _worker
+                _sweeper = (worker.sessions, CeleryDispatcher(celery, settings), endpoints_of(settings),
                             node_policy(settings))
     return _sweeper
 

@@ -47,13 +47,13 @@ def run_node_task(
     lap = Lap(stage_clock)
     # the queue it came from (routing key = queue name): dependents ready on it may run here at once
     here = (request.delivery_info or {}).get("routing_key") or None
-    outcome = run_node(node_worker(), call, here=here, also=[tuple(extra) for extra in also or []]).value
+    outcome = run_node(node_worker(self.app), call, here=here, also=[tuple(extra) for extra in also or []]).value
     lap("task")  # the whole body: the benchmark subtracts the stages inside it
     return outcome
 
 
-@shared_task(name="inf.sweep")
-def sweep_task() -> dict[str, int] | str:
+@shared_task(name="inf.sweep", bind=True)
+def sweep_task(self: Any) -> dict[str, int] | str:
     """Re-queue nodes whose worker vanished or whose message was lost, dispatch stalled jobs, expire jobs.
     One sweep at a time: a sweep slower than the beat's interval makes the next one step aside."""
     settings = get_settings()
@@ -62,8 +62,8 @@ def sweep_task() -> dict[str, int] | str:
         if not lock.try_acquire():
             return "skipped: another sweep is running"
         try:
-            sessions, dispatcher, endpoints, policy = sweeper_parts()
-            worker = node_worker()
+            sessions, dispatcher, endpoints, policy = sweeper_parts(self.app)
+            worker = node_worker(self.app)
             report = sweep(
                 sessions, dispatcher, endpoints, policy, resources_for=worker.resources_for, window=worker.window
             )

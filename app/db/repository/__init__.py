@@ -42,6 +42,7 @@ from app.db.repository.nodes import (
     insert_node_result,
     insert_node_results,
     node_values,
+    stored_node_ids,
 )
 from app.db.repository.pipelines import (
     add_parameter_version,
@@ -100,4 +101,5 @@ __all__ = [
     "save_trace",
     "set_job_error",
     "start_items",
+    "stored_node_ids",
 ]

@@ -11,11 +11,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, select, true, update
+from sqlalchemy import and_, case, exists, func, select, text, true, update
 from sqlalchemy.orm import Session
 
 from app.db.base import utcnow
-from app.db.models import ITEM_OPEN, Batch, Item, ItemStatus, Job, JobStatus, NodeTask, NodeTaskStatus
+from app.db.models import (
+    IN_FLIGHT_SQL,
+    ITEM_OPEN,
+    Batch,
+    Item,
+    ItemStatus,
+    Job,
+    JobStatus,
+    NodeTask,
+    NodeTaskStatus,
+)
 from app.db.repository._dialect import insert_ignoring_conflicts
 from app.db.repository.items import ItemOutcome, finish_items
 
@@ -184,6 +194,18 @@ def requeue_node_task(
         ).returning(*_REF_COLUMNS)
     ).first()
     return _refs([row])[0] if row is not None else None
+
+
+def take_back_in_flight(session: Session) -> int:
+    """Every node sent and not claimed, or running, is queued again and unsent (claim and deadline cleared):
+    the carrier of its message is gone (an in-process queue whose server stopped). Its attempts stay, so a
+    node that keeps stopping its process still reaches the attempts cap. Returns the rows taken back."""
+    stmt = (
+        update(NodeTask)
+        .where(text(IN_FLIGHT_SQL))
+        .values(status=NodeTaskStatus.QUEUED, claimed_by=None, deadline=None, sent_at=None, updated_at=utcnow())
+    )
+    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
 
 
 def items_without_node_tasks(session: Session, *, job_id: str, limit: int = 500) -> list[Item]:

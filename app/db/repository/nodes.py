@@ -23,6 +23,17 @@ def insert_node_results(session: Session, *, rows: Sequence[dict[str, Any]]) -> 
     session.execute(stmt, [{"created_at": now, **row} for row in rows])
 
 
+def stored_node_ids(session: Session, *, item_ids: Sequence[int]) -> dict[int, set[str]]:
+    """``{item_id: {node_id, ...}}`` of the stored nodes of these items (only items that have some)."""
+    out: dict[int, set[str]] = {}
+    if not item_ids:
+        return out
+    stmt = select(NodeResult.item_id, NodeResult.node_id).where(NodeResult.item_id.in_(list(item_ids)))
+    for item_id, node_id in session.execute(stmt):
+        out.setdefault(item_id, set()).add(node_id)
+    return out
+
+
 def node_values(session: Session, *, item_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
     """``{item_id: {node_id: encoded value}}`` of every stored node of these items."""
     out: dict[int, dict[str, Any]] = {item_id: {} for item_id in item_ids}

@@ -45,6 +45,7 @@ class NodePlan:
     waiting: int
     queue: str
     priority: int
+    dependencies: frozenset[str] = frozenset()  # the runnable nodes it waits for
 
 
 def plan_graph(
@@ -60,18 +61,20 @@ def plan_graph(
         queue, priority = dispatcher.route(
             kind=n["kind"], endpoint=endpoint, job_priority=job_priority, depth=int(n.get("depth") or 0)
         )
-        waiting = len({dep for dep in n["dependencies"] if dep in runnable})  # a dependency counts once
-        plans.append(NodePlan(n["node_id"], n["kind"], waiting, queue, priority))
+        dependencies = frozenset(dep for dep in n["dependencies"] if dep in runnable)  # a dependency counts once
+        plans.append(NodePlan(n["node_id"], n["kind"], len(dependencies), queue, priority, dependencies))
     return plans
 
 
 def missing_aliases(nodes: Sequence[dict[str, Any]], endpoints: Endpoints) -> list[str]:
-    """Aliases the graph calls that the resources file does not define (none without a resources file)."""
-    if endpoints.config is None:
-        return []
-    return sorted(
-        {n["alias"] for n in nodes if n["kind"] == "llm" and n.get("alias")} - set(endpoints.config)
-    )
+    """Aliases the graph calls that the resources file (or the endpoints' ``defines``) does not define; none when
+    every alias goes to the in-process engine."""
+    aliases = {n["alias"] for n in nodes if n["kind"] == "llm" and n.get("alias")}
+    if endpoints.config is not None:
+        return sorted(aliases - set(endpoints.config))
+    if endpoints.defines is not None:
+        return sorted(a for a in aliases if endpoints.defines(a) is False)
+    return []
 
 
 def dispatch_job(
@@ -131,6 +134,9 @@ def _dispatch_page(
         settle_job(session, job_id)
         return None
     rows: list[dict[str, Any]] = []
+    # results stored before the item had node rows (a job an older server's executor started): those nodes are
+    # done, and their dependents wait only for the rest
+    stored = repository.stored_node_ids(session, item_ids=[item.id for item in items])
     for item in items:
         try:
             item_plans = _plans_for(session, job, item, dispatcher, endpoints, plans)
@@ -151,21 +157,29 @@ def _dispatch_page(
                 },
             )
             continue
-        rows.extend(
-            {
-                "job_id": job_id,
-                "item_id": item.id,
-                "node_id": p.node_id,
-                "kind": p.kind,
-                "status": NodeTaskStatus.QUEUED if p.waiting == 0 else NodeTaskStatus.WAITING,
-                "waiting": p.waiting,
-                "queue": p.queue,
-                "priority": p.priority,
-                "deadline": None,  # a ready node may be sent at once; sent_at stays null until it is
-            }
-            for p in item_plans
-        )
+        rows.extend(_node_rows(job_id, item.id, item_plans, stored.get(item.id, set())))
     return len(tasks_repo.add_node_tasks(session, rows=rows))
+
+
+def _node_rows(job_id: str, item_id: int, plans: list[NodePlan], stored: set[str]) -> list[dict[str, Any]]:
+    rows = []
+    for p in plans:
+        waiting = len(p.dependencies - stored) if stored else p.waiting
+        status = NodeTaskStatus.DONE if p.node_id in stored else (
+            NodeTaskStatus.QUEUED if waiting == 0 else NodeTaskStatus.WAITING
+        )
+        rows.append({
+            "job_id": job_id,
+            "item_id": item_id,
+            "node_id": p.node_id,
+            "kind": p.kind,
+            "status": status,
+            "waiting": waiting,
+            "queue": p.queue,
+            "priority": p.priority,
+            "deadline": None,  # a ready node may be sent at once; sent_at stays null until it is
+        })
+    return rows
 
 
 class _JobError(Exception):

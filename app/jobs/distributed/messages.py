@@ -3,7 +3,7 @@ many messages wait in a queue. ``workers/`` implements it on Celery; the jobs la
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -84,8 +84,16 @@ class Endpoints:
     """Which endpoint each alias resolves to, for routing: the first configured endpoint of the alias; without a
     resources file, every alias is the in-process engine (provider native, no URL) of an engine worker."""
 
-    def __init__(self, config: ResourceConfig | None, default_model: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ResourceConfig | None,
+        default_model: str | None = None,
+        defines: Callable[[str], bool | None] | None = None,
+    ) -> None:
+        """``defines(alias)``: whether the process's endpoints serve ``alias`` (None: cannot tell), for endpoints
+        given otherwise than by a resources file (a server's scripted resources in tests)."""
         self.config = config
+        self.defines = defines
         self.default = EndpointConfig("native", default_model or "default")
 
     def of(self, alias: str | None) -> EndpointConfig | None:

@@ -26,8 +26,8 @@ from app.db.repository.node_store import ItemEnd, NodeTaskRef, NodeValue, Stored
 from app.jobs.distributed.node_worker import NodeWorker
 from app.jobs.distributed.nodes import ItemGraph, item_outcome
 from app.jobs.distributed.settle import item_end, item_metrics
-from app.jobs.embedded.writer import CostFn, endpoint_cost
 from app.jobs.encoding import decode_value, encode_value
+from app.jobs.endpoints import CostFn, endpoint_cost
 from app.pipeline.execution.node_runner import is_inline, resolve_args
 from app.pipeline.execution.state import TaskResult
 from app.pipeline.graph import OpNode

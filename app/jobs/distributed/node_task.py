@@ -189,6 +189,18 @@ def _as_completed(worker: NodeWorker, running: list[_Running]) -> Iterator[_Runn
             yield pending.pop(future)
 
 
+def _give_back(worker: NodeWorker, call: NodeCall) -> None:
+    """A call was cancelled (its job was cancelled, or its process stops): the node is queued again, unclaimed,
+    so a cancelled job settles at once and a stopped process's node runs again (the sweeper, or the next start of
+    an in-process queue, sends it)."""
+    try:
+        deadline = utcnow() + timedelta(seconds=worker.policy.stale_s)
+        worker.store.requeue(item_id=call.item_id, node_id=call.node_id, token=call.token, deadline=deadline)
+        worker.store.settle(job_id=call.job_id)
+    except Exception as exc:  # the lease lapses instead
+        log.warning("could not give back the cancelled node %s: %s", call.token, exc)
+
+
 def _renew(worker: NodeWorker, call: NodeCall) -> None:
     try:
         deadline = utcnow() + timedelta(seconds=worker.policy.lease_s)
@@ -198,7 +210,11 @@ def _renew(worker: NodeWorker, call: NodeCall) -> None:
 
 
 def _finish(worker: NodeWorker, r: _Running, lap: Lap) -> tuple[Outcome, list[NodeTaskRef]]:
-    """Store a returned call's result (or retry or fail the node on its error)."""
+    """Store a returned call's result (or retry or fail the node on its error). A call cancelled by its process
+    stopping leaves the node claimed: its lease lapses (or the next start of an in-process queue hands it back)."""
+    if r.future.cancelled():
+        _give_back(worker, r.call)
+        return Outcome.CLOSED, []
     try:
         result = r.future.result()
     except TransientError as exc:

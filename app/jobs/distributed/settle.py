@@ -15,8 +15,8 @@ from app.db.repository import node_tasks as tasks_repo
 from app.db.repository.node_store import ItemEnd, ItemMetrics, StoredValues
 from app.jobs.distributed.nodes import ItemGraph, item_outcome
 from app.jobs.distributed.trace import job_trace
-from app.jobs.embedded.writer import CostFn
 from app.jobs.encoding import decode_value
+from app.jobs.endpoints import CostFn
 
 ALL_FAILED = "AllItemsFailed"
 CANCELLED_ERROR = {"type": "Cancelled", "message": "the job was cancelled before this item finished"}

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.aio import wait_event
 from app.db import JobStatus, repository, session_scope
 from app.jobs.distributed.dispatch import dispatch_job
+from app.jobs.distributed.events import JobEvents
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy
 from app.jobs.distributed.settle import settle_job
 from app.jobs.distributed.window import DispatchWindow
-from app.jobs.embedded.events import JobEvents
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,10 @@ class DistributedJobs:
         poll_interval: float = 1.0,
         window: DispatchWindow | None = None,
         max_dispatching: int = 4,
+        on_cancelling: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_cancelling(job_id)``: called on every tick for each cancelling job before it is settled (the
+        in-process queue cancels the job's running calls; workers' calls end by themselves)."""
         self.sessions = sessions
         self.dispatcher = dispatcher
         self.endpoints = endpoints
@@ -44,6 +48,7 @@ class DistributedJobs:
         self.poll_interval = poll_interval
         self.window = window or DispatchWindow.fixed(sessions, dispatcher, self.policy.stale_s)
         self.max_dispatching = max_dispatching
+        self.on_cancelling = on_cancelling
         self._dispatching: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -83,6 +88,8 @@ class DistributedJobs:
                 )
         await asyncio.to_thread(self.window.refill)
         for job_id in cancelling:
+            if self.on_cancelling is not None:
+                self.on_cancelling(job_id)
             if await asyncio.to_thread(self._settle, job_id) == JobStatus.CANCELLED:
                 self.events.publish(job_id)
 

@@ -31,7 +31,7 @@ from app.jobs.distributed.node_task import NodePolicy, message_of
 from app.jobs.distributed.nodes import load_item_graph
 from app.jobs.distributed.settle import fail_item, finish_item_if_done, settle_job
 from app.jobs.distributed.window import DispatchWindow
-from app.jobs.embedded.writer import endpoint_cost
+from app.jobs.endpoints import endpoint_cost
 from app.jobs.graphs import load_module
 
 log = logging.getLogger(__name__)

@@ -85,6 +85,7 @@ class DispatchWindow:
         self._due = threading.Event()
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def fixed(cls, sessions: sessionmaker[Session], dispatcher: Dispatcher, stale_s: float) -> DispatchWindow:
@@ -132,10 +133,18 @@ class DispatchWindow:
                     self._thread = threading.Thread(target=self._refiller, name="dispatch-window", daemon=True)
                     self._thread.start()
 
+    def close(self) -> None:
+        """Stop the refiller thread (a process that stops dispatching; refills asked for later run inline)."""
+        self._closed = True
+        self.coalesce_s = 0.0
+        self._due.set()
+
     def _refiller(self) -> None:
         last = float("-inf")
         while True:
             self._due.wait()
+            if self._closed:
+                return
             # at once after a quiet spell (a lone delivery's dependents wait for nothing), else at most one refill
             # every coalesce_s: under load the deliveries ending meanwhile share it
             wait = last + self.coalesce_s - time.monotonic()

@@ -1,25 +1,23 @@
-"""A worker process's node runtime, built from Settings: database sessions, endpoints behind the global limits,
-and the dispatcher and event loop (``submit``) the worker supplies."""
+"""A process's node runtime, built from Settings: database sessions, the dispatch windows, and the dispatcher,
+event loop (``submit``) and endpoints the process supplies. Celery workers and the server's in-process queue
+build it the same way."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from redis import Redis
-from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import create_db_engine, database_url, make_session_factory
 from app.db.direct import DirectPool
-from app.jobs.distributed.limited import GloballyLimitedResources, WaitHook
 from app.jobs.distributed.messages import Dispatcher, Endpoints
 from app.jobs.distributed.node_task import NodePolicy, NodeWorker
 from app.jobs.distributed.presence import WorkerPresence
 from app.jobs.distributed.transport.queues import Queues
-from app.jobs.distributed.window import DispatchWindow, WindowPolicy
+from app.jobs.distributed.window import Capacity, DispatchWindow, WindowPolicy
 from app.jobs.limits.fairness import endpoints_cap
 from app.jobs.limits.quotas import QuotaTable
 from app.pipeline.resources import ResourceConfig
@@ -66,58 +64,35 @@ def window_policy(settings: Settings, endpoints: Endpoints, group: int = 1) -> W
 
 
 def dispatch_window(
-    settings: Settings, sessions: sessionmaker[Session], dispatcher: Dispatcher, endpoints: Endpoints
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    dispatcher: Dispatcher,
+    endpoints: Endpoints,
+    *,
+    capacity: Capacity | None = None,
 ) -> DispatchWindow:
-    """The process's dispatch windows, sized from the workers' announced task slots in Redis."""
-    capacity = None
-    if settings.redis_url:
+    """The process's dispatch windows, sized from ``capacity``, else the workers' announced task slots in Redis."""
+    if capacity is None and settings.redis_url:
         presence = WorkerPresence(Redis.from_url(settings.redis_url, socket_timeout=5), settings.redis_prefix)
         capacity = presence.capacity
     policy = window_policy(settings, endpoints, getattr(dispatcher, "group", 1))
     return DispatchWindow(sessions, dispatcher, policy, capacity=capacity, coalesce_s=REFILL_COALESCE_S)
 
 
-class WorkerResources:
-    """The endpoints of this process, one manager per configuration (every job and thread shares it)."""
-
-    def __init__(self, settings: Settings, on_wait: WaitHook | None = None) -> None:
-        self.settings = settings
-        self.on_wait = on_wait
-        self._managers: dict[tuple[str, ...], Any] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, aliases: list[str]) -> Any:
-        settings = self.settings
-        key: tuple[str, ...] = ("file",) if settings.resources_file is not None else ("engine", *aliases)
-        with self._lock:
-            manager = self._managers.get(key)
-            if manager is None:
-                manager = self._build(aliases)
-                self._managers[key] = manager
-            return manager
-
-    def _build(self, aliases: list[str]) -> Any:
-        settings = self.settings
-        if settings.resources_file is not None:
-            if not settings.redis_url:
-                raise RuntimeError("workers need INF_ENGINE_REDIS_URL for the endpoints' global limits")
-            url = settings.redis_url
-            return GloballyLimitedResources(
-                ResourceConfig.from_file(settings.resources_file),
-                lambda: AsyncRedis.from_url(url),
-                prefix=settings.redis_prefix,
-                on_wait=self.on_wait,
-            )
-        # no resources file: the engine in this process (an `inf-engine worker --engine`)
-        from app.pipeline.resources import ResourceManager
-        from app.serving.embedded import embedded_resources
-
-        return ResourceManager(embedded_resources(aliases, settings.model))
-
-    async def aclose(self) -> None:
-        for manager in self._managers.values():
-            await manager.aclose()
-        self._managers.clear()
+def open_node_database(settings: Settings) -> tuple[sessionmaker[Session], DirectPool | None]:
+    """Sessions for node work and, on PostgreSQL, the raw autocommit connections of the one-statement claim and
+    store. Connections are held for one statement or one short transaction, so a few serve many task threads (a
+    thread waits for one when all are busy); at most 12 + 24 per process keeps several workers, the API and beat
+    under PostgreSQL's default of 100 connections."""
+    url = database_url(settings)
+    options: dict[str, Any] = {"pool_size": 4, "max_overflow": 8}
+    direct = None
+    if url.startswith("postgresql"):
+        # A node's commit need not wait for its WAL flush: a PostgreSQL crash may forget the last moments of
+        # commits, which the leases, attempts and sweeper already handle as a worker that died mid-node.
+        options["connect_args"] = {"options": "-c synchronous_commit=off"}
+        direct = DirectPool(url, size=24, options="-c synchronous_commit=off")
+    return make_session_factory(create_db_engine(url, **options)), direct
 
 
 def build_node_worker(
@@ -125,31 +100,24 @@ def build_node_worker(
     dispatcher: Dispatcher,
     submit: Callable[[Coroutine[Any, Any, Any]], concurrent.futures.Future[Any]],
     *,
+    resources_for: Callable[[list[str]], Any],
     observe: Callable[[str, float], None] | None = None,
-    on_wait: WaitHook | None = None,
     max_calls: int = 0,
+    database: tuple[sessionmaker[Session], DirectPool | None] | None = None,
+    capacity: Capacity | None = None,
 ) -> NodeWorker:
-    url = database_url(settings)
-    # Connections are held for one statement or one short transaction, so a few serve many task threads (a
-    # thread waits for one when all are busy); at most 12 + 24 per worker process keeps several workers, the API
-    # and beat under PostgreSQL's default of 100 connections.
-    options: dict[str, Any] = {"pool_size": 4, "max_overflow": 8}
-    if url.startswith("postgresql"):
-        # A node's commit need not wait for its WAL flush: a PostgreSQL crash may forget the last moments of
-        # commits, which the leases, attempts and sweeper already handle as a worker that died mid-node.
-        options["connect_args"] = {"options": "-c synchronous_commit=off"}
-    engine = create_db_engine(url, **options)
-    direct = None
-    if url.startswith("postgresql"):  # the one-statement claim and store run on raw autocommit connections
-        direct = DirectPool(url, size=24, options="-c synchronous_commit=off")
-    sessions = make_session_factory(engine)
+    """The node runtime of one process, the same for every transport: ``dispatcher`` (Celery's, or the server's
+    in-process queue), ``submit`` (the process's event loop), ``resources_for`` (an
+    :class:`~app.jobs.endpoints.EndpointResolver`), ``database`` (default: :func:`open_node_database`),
+    ``capacity`` (the task slots consuming each queue; default: the workers' announcements in Redis)."""
+    sessions, direct = database if database is not None else open_node_database(settings)
     return NodeWorker(
         sessions=sessions,
-        window=dispatch_window(settings, sessions, dispatcher, endpoints_of(settings)),
+        window=dispatch_window(settings, sessions, dispatcher, endpoints_of(settings), capacity=capacity),
         direct=direct,
         group_commit=settings.node_store_group_commit,
         dispatcher=dispatcher,
-        resources_for=WorkerResources(settings, on_wait),
+        resources_for=resources_for,
         submit=submit,
         policy=node_policy(settings),
         observe=observe,

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from app.db import Pipeline, repository
 from app.db.optimization_models import RunStatus
-from app.jobs.embedded.runner import NO_ENDPOINTS_HINT
 from app.jobs.encoding import storable
+from app.jobs.endpoints import NO_ENDPOINTS_HINT
 from app.jobs.errors import InvalidJobInput, JobNotFound
 from app.jobs.graphs import import_path_of, load_module, shape_key, trace_item
 from app.jobs.inputs import InputFileError

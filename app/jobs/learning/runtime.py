@@ -23,6 +23,7 @@ from app.aio import wait_event
 from app.db import session_scope, utcnow
 from app.db.optimization_models import Evaluation, RunStatus, Training
 from app.db.repository import runs
+from app.jobs.endpoints import EndpointResolver
 from app.jobs.learning.evaluations import EvaluationRun
 from app.jobs.learning.training import TrainingRun
 
@@ -75,18 +76,17 @@ def run_evaluation_once(
 ) -> bool:
     """Claim and run one evaluation to its end in this thread (a Celery task's body). False when another
     runner has it or it is finished: a re-delivered task does nothing. The endpoints (``settings``' resources
-    file, else the in-process engine) live for this run only: their clients belong to this run's event loop."""
+    file behind the global limits, else the in-process engine) live for this run only: their clients belong to this run's event loop."""
     if not claim(sessions, Evaluation, evaluation_id, lease_s):
         return False
-    from app.jobs.embedded.runtime import JobsRuntime
-
     async def run() -> None:
-        endpoints = JobsRuntime(settings, run_executor=False)  # only its endpoint managers are used
+        # the same resolution as every node-running process: global limits in Redis when it is configured
+        endpoints = EndpointResolver(settings)
         try:
-            evaluation = EvaluationRun(evaluation_id, sessions, resources_for=endpoints.resources_for)
+            evaluation = EvaluationRun(evaluation_id, sessions, resources_for=endpoints)
             await supervise(evaluation, sessions, Evaluation, lease_s)
         finally:
-            await endpoints.stop()
+            await endpoints.aclose()
 
     asyncio.run(run())
     return True

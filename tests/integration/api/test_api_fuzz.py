@@ -25,7 +25,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from api.main import create_app  # noqa: E402
 from app.db.migrate import upgrade  # noqa: E402
-from app.jobs.embedded.runtime import JobsRuntime  # noqa: E402
+from app.jobs.runtime import JobsRuntime  # noqa: E402
 from app.json_limits import MAX_JSON_DEPTH  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.support.fakes import ScriptedLM  # noqa: E402

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, func, select, update
 
 from api.main import create_app
 from app.db import Batch, File, Job
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.settings import Settings
 from tests.support.fakes import ScriptedLM
 from tests.support.server_helpers import ServerThread

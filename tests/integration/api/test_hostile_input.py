@@ -19,7 +19,7 @@ import pytest
 
 from api.main import create_app
 from app.db.migrate import upgrade
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.json_limits import MAX_JSON_DEPTH
 from app.serving.backends.local import LocalBackend
 from app.settings import Settings

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, func, select
 
 from api.main import create_app
 from app.db import Item, Job
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.settings import Settings
 from tests.support.fakes import ScriptedLM
 from tests.support.serving_fakes import FakeBackend

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from api.main import create_app
 from app.cli import app as cli
 from app.db import Item, ItemStatus, Job
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.settings import Settings
 from tests.support.fakes import ScriptedLM
 from tests.support.server_helpers import ServerThread

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.jobs.tenants import KeyRing, bare_key_tenant, parse_key
 from app.pipeline.resources.types import LLMRequest
 from app.settings import Settings

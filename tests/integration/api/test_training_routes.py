@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, select
 from api.main import create_app
 from app.db import ParameterVersion
 from app.db.optimization_models import FeedbackRequestRow, Training
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.pipeline import LLMInference, Module
 from app.settings import Settings
 from tests.support.fakes import ScriptedLM

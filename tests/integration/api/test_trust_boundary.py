@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from api.main import create_app
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.settings import Settings
 from tests.support.fakes import ScriptedLM
 from tests.support.serving_fakes import FakeBackend

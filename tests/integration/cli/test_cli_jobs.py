@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from api.main import create_app
 from app.cli import app
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.settings import Settings
 from tests.support.fakes import ScriptedLM
 from tests.support.postgres import committed, pg_engine, pg_url

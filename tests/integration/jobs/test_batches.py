@@ -10,11 +10,22 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
 
-from app.db import Batch, File, Item, ItemStatus, Job, JobStatus, make_session_factory, repository, utcnow
+from app.db import (
+    Batch,
+    File,
+    Item,
+    ItemStatus,
+    Job,
+    JobStatus,
+    make_session_factory,
+    repository,
+    session_scope,
+    utcnow,
+)
 from app.db.repository import ItemOutcome
 from app.jobs import files
 from app.jobs.batches import service as batches
-from app.jobs.embedded.runner import finish_cancelled
+from app.jobs.distributed.settle import settle_job
 from app.jobs.submission import Limits
 
 LIMITS = Limits()
@@ -109,7 +120,8 @@ def test_a_batch_past_its_window_expires(committed: Engine) -> None:
         stopping = batches.describe_batch(session, view["id"], "me")
         session.commit()
     assert stopping["status"] == "finalizing" and stopping["expired_at"] is None
-    finish_cancelled(make_session_factory(committed), _job_id(committed, view["id"]))  # the executor's next tick
+    with session_scope(make_session_factory(committed)) as session:  # the dispatcher's next tick
+        settle_job(session, _job_id(committed, view["id"]))
     with Session(committed) as session:
         done = batches.describe_batch(session, view["id"], "me")
         session.commit()

@@ -1,4 +1,4 @@
-"""The embedded executor on PostgreSQL with a scripted LLM: lifecycle, checkpoints, resume, cancel, failures."""
+"""The embedded mode (node tasks on the server's in-process queue) on PostgreSQL with a scripted LLM: lifecycle, checkpoints, resume, cancel, failures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from app.db import Item, JobStatus, NodeResult, repository
-from app.jobs.embedded.runtime import JobsRuntime
+from app.db.models import NodeTask
+from app.jobs.runtime import JobsRuntime
 from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.pipeline.resources.types import LLMRequest, LLMResponse
@@ -88,8 +89,9 @@ async def test_job_runs_to_completion_with_checkpoints_metrics_and_trace(committ
         assert metrics is not None and metrics.trace is not None
         names = {e.get("name") for e in metrics.trace["traceEvents"]}
         assert any(name and "LLMInference" in name for name in names)
-        attempts = session.scalars(select(Item.attempts).where(Item.job_id == job_id)).all()
-        assert set(attempts) == {1}
+        attempts = session.scalars(select(NodeTask.attempts).where(
+            NodeTask.job_id == job_id, NodeTask.kind == "llm")).all()
+        assert len(attempts) == 15 and set(attempts) == {1}  # every call ran once (ops run inline, unclaimed)
     await runtime2.stop()
 
 
@@ -118,9 +120,10 @@ async def test_stopped_job_resumes_without_rerunning_stored_nodes(committed: Eng
     assert view["status"] == "completed", view
     assert len(second.calls) == 4, second.prompts()  # only the four verdicts ran again
     assert all("Verdict:" in str(prompt) for prompt in second.prompts())
-    with resumed.session() as session:
-        attempts = session.scalars(select(Item.attempts).where(Item.job_id == job_id)).all()
-    assert set(attempts) == {2}
+    with resumed.session() as session:  # the verdicts were claimed by both servers, every other node by the first
+        attempts = session.scalars(select(NodeTask.attempts).where(
+            NodeTask.job_id == job_id, NodeTask.kind == "llm")).all()
+    assert len(attempts) == 12 and set(attempts) <= {1, 2}  # a verdict the first server had claimed: 2
 
 
 class OnlyFirstItemLM(ScriptedLM):
@@ -204,12 +207,21 @@ async def test_queued_jobs_run_by_priority(committed: Engine) -> None:
 async def test_an_item_interrupted_too_often_fails_instead_of_looping(committed: Engine) -> None:
     from sqlalchemy import update
 
+    from app.jobs.distributed import Endpoints, dispatch_job
+    from app.jobs.distributed.transport.inprocess import InProcessDispatcher
+    from app.jobs.distributed.transport.queues import Queues
+
     lm = ScriptedLM()
     runtime = JobsRuntime(_settings(committed), resources=lm, run_executor=False)
     await runtime.ensure_started()
     job_id = await _submit(runtime, 2)
-    with runtime.session() as session:  # as if five servers had died while running r0
-        session.execute(update(Item).where(Item.job_id == job_id, Item.custom_id == "r0").values(attempts=5))
+    # the node rows, as a server writes them; then r0's first nodes look as if five servers had died running them
+    await asyncio.to_thread(dispatch_job, runtime.sessions, job_id, InProcessDispatcher(Queues.from_prefix()),
+                            Endpoints(None))
+    with runtime.session() as session:
+        r0 = session.scalar(select(Item.id).where(Item.job_id == job_id, Item.custom_id == "r0"))
+        session.execute(update(NodeTask).where(NodeTask.item_id == r0, NodeTask.status == "queued")
+                        .values(status="running", attempts=5))
     await runtime.stop()
     runner = JobsRuntime(_settings(committed), resources=lm)
     await runner.ensure_started()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.settings import Settings

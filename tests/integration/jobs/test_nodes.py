@@ -15,7 +15,7 @@ from app.jobs.distributed.nodes import (
     load_item_graph,
     store_node_result,
 )
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime import JobsRuntime
 from app.jobs.service import describe_job, results_page
 from app.jobs.submission import JobRequest, submit_job
 from app.settings import Settings

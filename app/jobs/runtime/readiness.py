@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.db.migrate import CHECK_TIMEOUT_S, SchemaStatus, head_revision, schema_status
-from app.jobs.embedded.runtime import JobsRuntime
+from app.jobs.runtime.server import JobsRuntime
 
 log = logging.getLogger(__name__)
 

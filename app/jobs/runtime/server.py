@@ -1,5 +1,7 @@
-"""What a server process needs for jobs: the database (migrated on first use), the in-process event hub and
-the embedded executor. The API creates one ``JobsRuntime`` per app and starts it in the app's lifespan.
+"""What a server process needs for jobs: the database (migrated on first use), the in-process event hub, the
+endpoints, and who runs the node tasks: Celery workers (a dispatcher is given; this process dispatches) or this
+process's in-process queue (the embedded mode). The API creates one ``JobsRuntime`` per app and starts it in the
+app's lifespan.
 
 A server that never touches jobs must not create a database: the runtime starts at boot only when a database
 is configured or the embedded SQLite file already exists (then it has jobs to resume); otherwise the first
@@ -19,19 +21,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import create_db_engine, database_url, make_session_factory, session_scope
 from app.db.session import sqlite_path
-from app.jobs.embedded.events import JobEvents
-from app.jobs.embedded.executor import EmbeddedExecutor
-from app.jobs.embedded.runner import RunOptions
-from app.jobs.limits.fairness import FairGate, endpoints_cap
+from app.jobs.distributed.events import JobEvents
+from app.jobs.distributed.trace import job_trace
+from app.jobs.endpoints import EndpointResolver
 from app.jobs.limits.quotas import QuotaTable
+from app.jobs.runtime.inprocess import InProcessJobs
 from app.jobs.submission import Limits
-from app.pipeline.resources.config import ResourceConfig
 from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.jobs.distributed.submitter import DistributedJobs
 
-MIN_GATE = 32  # items in flight the embedded executor's gate allows at least
 log = logging.getLogger(__name__)
 
 
@@ -56,13 +56,11 @@ class JobsRuntime:
         self.events = JobEvents()
         self.limits = Limits(max_items=settings.jobs_max_items, max_bytes=settings.jobs_max_bytes,
                              quotas=QuotaTable.from_settings(settings))
-        self._resources = resources
-        self._backend = backend
-        self._managers: dict[tuple[str, ...], Any] = {}  # what this runtime created (and closes)
+        self.resources_for = EndpointResolver(settings, resources=resources, backend=backend)
         self._run_executor = run_executor
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
-        self.executor: EmbeddedExecutor | None = None
+        self.executor: InProcessJobs | None = None  # the embedded mode's node tasks
         self._dispatcher = dispatcher
         self.distributed: DistributedJobs | None = None
         self._lock = asyncio.Lock()
@@ -95,35 +93,16 @@ class JobsRuntime:
         async with self._lock:
             if self._sessions is None:
                 await asyncio.to_thread(self._open_database)
-            if self._dispatcher is not None:
-                if self._run_executor and self.distributed is None and not self._stopped:
-                    await self._start_distributed()
+            if not self._run_executor or self._stopped:
                 return
-            if self._run_executor and self.executor is None and not self._stopped:
-                executor = EmbeddedExecutor(
-                    self.sessions,
-                    resources_for=self.resources_for,
-                    events=self.events,
-                    max_running=self.settings.jobs_max_running,
-                    poll_interval=self.settings.jobs_poll_interval,
-                    options=RunOptions(max_concurrent=self.settings.default_max_concurrent),
-                    gate=self._fair_gate(),
-                )
+            if self._dispatcher is not None:
+                if self.distributed is None:
+                    await self._start_distributed()
+            elif self.executor is None:
+                executor = InProcessJobs(self.settings, self.sessions, resources_for=self.resources_for,
+                                         events=self.events)
                 await executor.start()  # resumes interrupted jobs; set only once that worked
                 self.executor = executor
-
-    def _fair_gate(self) -> FairGate:
-        """The executor's items in flight, shared fairly between jobs and tenants: ``dispatch_window`` items, else
-        twice the endpoints' max_concurrent (at least 32), else the per-job window."""
-        settings = self.settings
-        size = settings.dispatch_window
-        if not size:
-            config = None
-            if settings.resources_file is not None:
-                config = ResourceConfig.from_file(settings.resources_file)
-            cap = endpoints_cap(config)
-            size = max(MIN_GATE, cap) if cap else RunOptions().window
-        return FairGate(size, weights=settings.tenant_weights)
 
     async def _start_distributed(self) -> None:
         from app.jobs.distributed.submitter import DistributedJobs
@@ -133,6 +112,7 @@ class JobsRuntime:
         distributed = DistributedJobs(
             self.sessions, self._dispatcher, endpoints, events=self.events,
             policy=node_policy(self.settings), poll_interval=self.settings.jobs_poll_interval,
+            max_dispatching=self.settings.jobs_max_running,
             window=dispatch_window(self.settings, self.sessions, self._dispatcher, endpoints),
         )
         await distributed.start()
@@ -146,9 +126,7 @@ class JobsRuntime:
         if self.executor is not None:
             await self.executor.stop()
             self.executor = None
-        for manager in self._managers.values():
-            await manager.aclose()
-        self._managers.clear()
+        await self.resources_for.aclose()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -179,35 +157,13 @@ class JobsRuntime:
             self.distributed.wake()
 
     def live_trace(self, job_id: str) -> dict[str, Any] | None:
-        return self.executor.live_trace(job_id) if self.executor is not None else None
+        """The running job's trace so far, from its node rows (a finished job's is stored when it ends)."""
+        if self._sessions is None:
+            return None
+        with session_scope(self._sessions) as session:
+            from app.db import JobStatus, repository
 
-    # -- endpoints ----------------------------------------------------------------------------------------
-    def resources_for(self, aliases: list[str]) -> Any:
-        """The endpoints of a pipeline that calls ``aliases`` (one manager per configuration, shared by every
-        job, so endpoint limits hold across jobs)."""
-        if self._resources is not None:
-            return self._resources
-        if self.settings.resources_file is not None:
-            key: tuple[str, ...] = ("file",)
-            if key not in self._managers:
-                from app.pipeline.resources import ResourceManager
-
-                self._managers[key] = ResourceManager.from_file(self.settings.resources_file)
-            return self._managers[key]
-        key = ("engine", *sorted(aliases))
-        if key not in self._managers:
-            if self._backend is not None:
-                from app.jobs.embedded.endpoints import BackendResourceManager
-
-                self._managers[key] = BackendResourceManager(sorted(aliases), self._backend)
-            else:
-                self._managers[key] = self._embedded_manager(sorted(aliases))
-        return self._managers[key]
-
-    def _embedded_manager(self, aliases: list[str]) -> Any:
-        # the engine extras are optional: import them only when a job needs the in-process engine
-        from app.pipeline.resources import ResourceManager
-        from app.serving.embedded import embedded_resources, register_embedded_engine
-
-        register_embedded_engine(num_threads=self.settings.num_threads)
-        return ResourceManager(embedded_resources(aliases, self.settings.model))
+            job = repository.get_job(session, job_id=job_id)
+            if job is None or job.status not in (JobStatus.RUNNING, JobStatus.CANCELLING):
+                return None
+            return job_trace(session, job_id)
