@@ -29,15 +29,19 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.bench_platform import fake_server, scratch_database  # noqa: E402
 from scripts.peers.bare_aiohttp_fanout import make_inputs  # noqa: E402
+from scripts.peers.pyspy_profile import recording  # noqa: E402
 from tests.support.cluster import free_port  # noqa: E402
 
 PIPELINE = "scripts.peers.inf_engine_fanout:FanOut"
+CPU: dict[str, list[float]] = {}  # tree -> the server's CPU seconds per run
 
 
 class Server:
     """``inf-engine serve`` from ``tree`` on ``db_url`` (embedded: no Redis)."""
 
-    def __init__(self, tree: Path, db_url: str | None, base_url: str, tmp: Path, max_concurrent: int) -> None:
+    def __init__(
+        self, tree: Path, db_url: str | None, base_url: str, tmp: Path, max_concurrent: int, extra: list[str]
+    ) -> None:
         resources = tmp / "resources.toml"
         resources.write_text(
             f'[endpoints.llm]\nprovider = "openai"\nmodel = "bench"\nbase_url = "{base_url}"\n'
@@ -56,6 +60,7 @@ class Server:
         )
         if db_url:
             env["INF_ENGINE_DATABASE_URL"] = db_url
+        env.update(pair.split("=", 1) for pair in extra)
         port = free_port()
         self.log = (tmp / "serve.log").open("wb")
         self.proc = subprocess.Popen(
@@ -75,8 +80,14 @@ class Server:
             time.sleep(0.3)
         self.run(2)  # warm: the database, the pipeline and the endpoint all answer
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server process has used (user + system, all threads)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def run(self, items: int) -> float:
         inputs = [{"custom_id": f"d{i}", "input": text} for i, text in enumerate(make_inputs(items))]
+        cpu = self.cpu_s()
         start = time.perf_counter()
         reply = self.http.post("/v1/jobs", json={"pipeline": PIPELINE, "inputs": inputs})
         if reply.status_code >= 300:
@@ -88,6 +99,7 @@ class Server:
                 elapsed = time.perf_counter() - start
                 if job["counts"]["completed"] != items:
                     raise RuntimeError(f"job ended {job['status']} with counts {job['counts']}")
+                self.last_cpu_s = self.cpu_s() - cpu
                 return elapsed
             time.sleep(0.05)
 
@@ -105,10 +117,14 @@ def measure(tree: Path, args: argparse.Namespace, base_url: str) -> float:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-embedded-")))
         db_url = stack.enter_context(scratch_database(args.postgres)) if args.database == "postgres" else None
-        server = Server(tree, db_url, base_url, tmp, args.max_concurrent)
+        server = Server(tree, db_url, base_url, tmp, args.max_concurrent, args.env)
         try:
+            if args.py_spy and tree == ROOT:
+                with recording([server.proc.pid], Path(args.py_spy)):
+                    return server.run(args.items)
             return server.run(args.items)
         finally:
+            CPU.setdefault(str(tree), []).append(getattr(server, "last_cpu_s", float("nan")))
             server.close()
 
 
@@ -122,6 +138,9 @@ def main() -> None:
                                                              "postgresql://postgres@127.0.0.1:5432"))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tree", action="append", default=[], help="LABEL=PATH of another checkout to run too")
+    parser.add_argument("--env", action="append", default=[], metavar="INF_ENGINE_X=VALUE",
+                        help="a setting for every server of the run")
+    parser.add_argument("--py-spy", metavar="DIR", help="record this tree's server with py-spy into DIR")
     args = parser.parse_args()
     trees = [("this tree", ROOT)] + [(t.partition("=")[0], Path(t.partition("=")[2]).resolve()) for t in args.tree]
     ideal = max(3 * args.items * args.latency / args.max_concurrent, 2 * args.latency)
@@ -133,9 +152,11 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so drift on the machine hits every tree alike
             for label, tree in trees:
                 times[label].append(measure(tree, args, base_url))
-    print(f"{'server':<20} {'best s':>8} {'median s':>9} {'x ideal':>8}  runs")
-    for label, runs in times.items():
-        print(f"{label:<20} {min(runs):>8.2f} {statistics.median(runs):>9.2f} {min(runs) / ideal:>8.2f}  "
+    print(f"{'server':<20} {'best s':>8} {'median s':>9} {'x ideal':>8} {'CPU s':>6}  runs")
+    for label, tree in trees:
+        runs = times[label]
+        cpu = statistics.median(CPU.get(str(tree), [float("nan")]))
+        print(f"{label:<20} {min(runs):>8.2f} {statistics.median(runs):>9.2f} {min(runs) / ideal:>8.2f} {cpu:>6.2f}  "
               + ", ".join(f"{t:.2f}" for t in runs))
 
 

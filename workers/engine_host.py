@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -71,23 +70,6 @@ class LoopHost:
             if thread is not None:
                 thread.join(timeout=10)
             loop.close()
-
-
-_host = LoopHost()
-
-
-def _after_fork() -> None:
-    # a forked child (prefork pool) has the loop object but not its thread: start a fresh one on first use
-    global _host
-    _host = LoopHost()
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
-def get_host() -> LoopHost:
-    """This process's loop host."""
-    return _host
 
 
 def setup_engine_worker(settings: Settings) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from celery import shared_task
 
 from app.jobs.distributed.transport.queues import Queues
-from app.jobs.learning.worker import learning_worker
 from app.settings import get_settings
+from workers.runtime import learning_worker
 
 
 @shared_task(name="inf.fire_evaluation_schedules")

@@ -1,5 +1,6 @@
-"""Per-process state of a worker: built on first use in the process that runs tasks (after a prefork fork),
-never at import, so that database connections and event loops never cross a fork."""
+"""Per-process state of a worker, in one place with one fork hook: the node runtime, the sweeper's parts, the
+learning worker and the engine host's event loop. Each is built on first use in the process that runs tasks
+(after a prefork fork), never at import, so that database connections and event loops never cross a fork."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ from app.jobs.distributed.monitoring import BufferedRecorder
 from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import build_node_worker, endpoints_of, node_policy
 from app.jobs.endpoints import EndpointResolver
-from app.settings import get_settings
-from workers.engine_host import get_host
+from app.jobs.learning.worker import LearningWorker
+from app.settings import Settings, get_settings
+from workers.engine_host import LoopHost
 
 log = logging.getLogger(__name__)
 
 _lock = threading.RLock()
 _worker: NodeWorker | None = None
 _sweeper: tuple[SessionFactory, CeleryDispatcher, Endpoints, NodePolicy] | None = None
+_learning: LearningWorker | None = None
+_host: LoopHost | None = None
 # node calls one process runs at once: the worker's task threads (set when the worker starts; 0 = no cap)
 _max_calls = 0
 
@@ -40,14 +44,34 @@ def _remember_pool(sender: Any = None, instance: Any = None, **kwargs: Any) -> N
 
 
 def _reset_after_fork() -> None:
-    global _lock, _worker, _sweeper
+    # a forked child has the parent's objects but not their threads or connections: build fresh ones on first use
+    global _lock, _worker, _sweeper, _learning, _host
     _lock = threading.RLock()
     _worker = None
     _sweeper = None
+    _learning = None
+    _host = None
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
 
+
+def engine_host() -> LoopHost:
+    """This process's event loop for node calls (and its engine, on an --engine worker)."""
+    global _host
+    with _lock:
+        if _host is None:
+            _host = LoopHost()
+        return _host
+
+
+def learning_worker(settings: Settings) -> LearningWorker:
+    """This process's LearningWorker (scheduled evaluations)."""
+    global _learning
+    with _lock:
+        if _learning is None:
+            _learning = LearningWorker(settings)
+        return _learning
 
 
 def node_worker(celery: Any) -> NodeWorker:
@@ -66,7 +90,7 @@ def node_worker(celery: Any) -> NodeWorker:
                 _worker = build_node_worker(
                     settings,
                     CeleryDispatcher(celery, settings),
-                    get_host().submit,
+                    engine_host().submit,
                     resources_for=resources,
                     observe=_quietly(recorder.node_finished),
                     max_calls=_max_calls,

@@ -19,9 +19,7 @@ from app.db.repository.items import (
     get_item,
     get_item_by_id,
     open_item_ids,
-    open_items,
     results_after,
-    start_items,
 )
 from app.db.repository.jobs import (
     claim_job,
@@ -35,7 +33,7 @@ from app.db.repository.jobs import (
     request_cancel,
     set_job_error,
 )
-from app.db.repository.metrics import add_job_metrics, get_job_metrics, save_trace
+from app.db.repository.metrics import get_job_metrics, save_trace
 from app.db.repository.nodes import (
     count_node_results,
     get_node_result,
@@ -57,7 +55,6 @@ from app.db.repository.pipelines import (
 __all__ = [
     "ItemOutcome",
     "add_items",
-    "add_job_metrics",
     "add_parameter_version",
     "claim_job",
     "claim_next_job",
@@ -93,13 +90,11 @@ __all__ = [
     "mark_batch_expired",
     "node_values",
     "open_item_ids",
-    "open_items",
     "parameter_versions",
     "record_graph",
     "request_cancel",
     "results_after",
     "save_trace",
     "set_job_error",
-    "start_items",
     "stored_node_ids",
 ]

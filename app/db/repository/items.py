@@ -53,32 +53,6 @@ def _copy_items(session: Session, payload: Sequence[dict[str, Any]]) -> None:
                             str(row["status"]), row["attempts"], row.get("graph_hash"), row["created_at"]))
 
 
-def open_items(session: Session, *, job_id: str, after_position: int = -1, limit: int = 256) -> list[Item]:
-    """The next unfinished items of the job in input order, after ``after_position``."""
-    stmt = (
-        select(Item)
-        .options(load_only(Item.id, Item.custom_id, Item.position, Item.input, Item.attempts, Item.status,
-                           Item.graph_hash))
-        .where(Item.job_id == job_id, Item.status.in_(ITEM_OPEN), Item.position > after_position)
-        .order_by(Item.position)
-        .limit(limit)
-    )
-    return list(session.scalars(stmt))
-
-
-def start_items(session: Session, *, item_ids: Sequence[int]) -> None:
-    """Mark items running and count the attempt (a resumed item counts another one)."""
-    if not item_ids:
-        return
-    now = utcnow()
-    session.execute(
-        update(Item)
-        .where(Item.id.in_(list(item_ids)), Item.status.in_(ITEM_OPEN))
-        .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1,
-                started_at=func.coalesce(Item.started_at, now))
-    )
-
-
 def finish_items(session: Session, *, job_id: str, outcomes: Sequence[ItemOutcome]) -> int:
     """Store terminal outcomes and give each item the next position in the job's completion order.
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, case, func, select, update
+from sqlalchemy import Connection, Table, and_, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -25,7 +25,14 @@ from app.db.models import (
     NodeTask,
     NodeTaskStatus,
 )
-from app.db.repository.node_store.protocol import ItemEnd, ItemEnder, ItemMetrics, JobProgress, NodeValue
+from app.db.repository.node_store.protocol import (
+    Hold,
+    ItemEnd,
+    ItemEnder,
+    ItemMetrics,
+    JobProgress,
+    NodeValue,
+)
 from app.db.repository.node_tasks import NodeTaskRef
 
 _T: Table = NodeTask.__table__  # type: ignore[assignment]
@@ -145,7 +152,16 @@ _RELEASE = (
     .values(
         waiting=_REMAINING,
         status=case((_REMAINING <= 0, NodeTaskStatus.QUEUED.value), else_=_T.c.status),
-        deadline=case((_REMAINING <= 0, bindparam("b_deadline")), else_=_T.c.deadline),
+        # a dependent on the held queue is run by the storing delivery itself: it counts as sent (refills leave
+        # it alone), due by the later deadline (the sweeper re-sends it if that delivery dies first)
+        deadline=case(
+            (and_(_REMAINING <= 0, _T.c.queue == bindparam("b_hold")), bindparam("b_hold_until")),
+            (_REMAINING <= 0, bindparam("b_deadline")),
+            else_=_T.c.deadline,
+        ),
+        sent_at=case(
+            (and_(_REMAINING <= 0, _T.c.queue == bindparam("b_hold")), bindparam("b_now")), else_=_T.c.sent_at
+        ),
         updated_at=bindparam("b_now"),
     )
     .returning(_T.c.job_id, _T.c.item_id, _T.c.node_id, _T.c.attempts, _T.c.queue, _T.c.priority, _T.c.status)
@@ -314,10 +330,17 @@ def store_result(session: Session, value: NodeValue) -> bool:
 
 
 def release(
-    session: Session, *, job_id: str, item_id: int, node_ids: Sequence[str], deadline: datetime, now: datetime
+    session: Session,
+    *,
+    job_id: str,
+    item_id: int,
+    node_ids: Sequence[str],
+    deadline: datetime,
+    now: datetime,
+    hold: Hold | None = None,
 ) -> list[NodeTaskRef]:
     """Count down one dependency of each of ``node_ids`` while the job is open; returns those that became queued
-    (see :func:`app.db.repository.node_tasks.release_dependents`)."""
+    (see :func:`app.db.repository.node_tasks.release_dependents`); ``hold``: see :class:`Hold`."""
     if not node_ids:
         return []
     params = {
@@ -326,6 +349,8 @@ def release(
         "b_nodes": list(node_ids),
         "b_deadline": deadline,
         "b_now": now,
+        "b_hold": hold.queue if hold is not None else None,
+        "b_hold_until": hold.until if hold is not None else None,
     }
     rows = _conn(session).execute(_RELEASE, params)
     return [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in rows if r[6] == _QUEUED]

@@ -62,15 +62,51 @@ def add_node_tasks(session: Session, *, rows: Sequence[dict[str, Any]]) -> list[
     if not rows:
         return []
     now = utcnow()
-    payload = [{"attempts": 0, "updated_at": now, **row} for row in rows]
-    table = NodeTask.__table__
-    stmt = insert_ignoring_conflicts(session, table, ["item_id", "node_id"]).returning(
-        *(table.c[c.key] for c in _REF_COLUMNS), table.c.status
-    )
-    # Core, not the ORM's bulk insert: the ORM matches returned rows to parameter sets, which it cannot do when
-    # ON CONFLICT skips some, and falls back to one statement per row; Core sends them in batches
-    inserted = session.connection().execute(stmt, payload).all()
+    if session.get_bind().dialect.name == "postgresql":
+        inserted = _add_node_tasks_pg(session, rows, now)
+    else:
+        payload = [{"attempts": 0, "updated_at": now, **row} for row in rows]
+        table = NodeTask.__table__
+        stmt = insert_ignoring_conflicts(session, table, ["item_id", "node_id"]).returning(
+            *(table.c[c.key] for c in _REF_COLUMNS), table.c.status
+        )
+        # Core, not the ORM's bulk insert: the ORM matches returned rows to parameter sets, which it cannot do
+        # when ON CONFLICT skips some, and falls back to one statement per row; Core sends them in batches
+        inserted = list(session.connection().execute(stmt, payload).all())
     return _refs(r for r in inserted if r[6] == NodeTaskStatus.QUEUED)
+
+
+# One statement of constant text for any number of rows (arrays, not a VALUES list as long as the page): the
+# driver prepares it once, where a page-sized VALUES list is parsed and planned anew for every page
+_ADD_NODE_TASKS_PG = """
+    INSERT INTO node_tasks (job_id, item_id, node_id, kind, status, waiting, queue, priority, deadline, attempts,
+                            updated_at)
+    SELECT r.job_id, r.item_id, r.node_id, r.kind, r.status, r.waiting, r.queue, r.priority, r.deadline, 0,
+           %(now)s
+    FROM unnest(CAST(%(jobs)s AS varchar[]), CAST(%(items)s AS bigint[]), CAST(%(nodes)s AS varchar[]),
+                CAST(%(kinds)s AS varchar[]), CAST(%(statuses)s AS varchar[]), CAST(%(waiting)s AS integer[]),
+                CAST(%(queues)s AS varchar[]), CAST(%(priorities)s AS integer[]),
+                CAST(%(deadlines)s AS timestamptz[]))
+         AS r(job_id, item_id, node_id, kind, status, waiting, queue, priority, deadline)
+    ON CONFLICT (item_id, node_id) DO NOTHING
+    RETURNING job_id, item_id, node_id, attempts, queue, priority, status
+"""
+
+
+def _add_node_tasks_pg(session: Session, rows: Sequence[dict[str, Any]], now: datetime) -> list[Any]:
+    params = {
+        "now": now,
+        "jobs": [r["job_id"] for r in rows],
+        "items": [r["item_id"] for r in rows],
+        "nodes": [r["node_id"] for r in rows],
+        "kinds": [r["kind"] for r in rows],
+        "statuses": [str(r["status"]) for r in rows],
+        "waiting": [r["waiting"] for r in rows],
+        "queues": [r["queue"] for r in rows],
+        "priorities": [r["priority"] for r in rows],
+        "deadlines": [r.get("deadline") for r in rows],
+    }
+    return list(session.connection().exec_driver_sql(_ADD_NODE_TASKS_PG, params).all())
 
 
 def lock_node_task(session: Session, *, item_id: int, node_id: str) -> NodeTask | None:

@@ -9,7 +9,7 @@ import zlib
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, or_, select, text, update
+from sqlalchemy import Table, bindparam, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.models import IN_FLIGHT_SQL, UNSENT_SQL, Job, JobStatus, NodeTask
@@ -55,6 +55,29 @@ def in_flight(session: Session) -> dict[tuple[str, str, str], int]:
     return {(q, j, s): int(n) for q, j, s, n in session.execute(stmt)}
 
 
+_NT: Table = NodeTask.__table__  # type: ignore[assignment]
+# Core with bind parameters, built once: a refill runs it per job and queue many times a second, and the ORM's
+# bulk update would rebuild and recompile it each time
+_PICK = (
+    select(_NT.c.id)
+    .where(
+        text(UNSENT_SQL),
+        _NT.c.job_id == bindparam("t_job"),
+        _NT.c.queue == bindparam("t_queue"),
+        or_(_NT.c.deadline.is_(None), _NT.c.deadline <= bindparam("t_now")),
+    )
+    .order_by(_NT.c.priority, _NT.c.item_id)
+    .limit(bindparam("t_limit"))
+    .with_for_update(skip_locked=True)
+)
+_TAKE_UNSENT = (
+    update(_NT)
+    .where(_NT.c.id.in_(_PICK.scalar_subquery()))
+    .values(sent_at=bindparam("t_now"), deadline=bindparam("t_deadline"), updated_at=bindparam("t_now"))
+    .returning(_NT.c.job_id, _NT.c.item_id, _NT.c.node_id, _NT.c.attempts, _NT.c.queue, _NT.c.priority)
+)
+
+
 def take_unsent(
     session: Session, *, job_id: str, queue: str, limit: int, now: datetime, deadline: datetime
 ) -> list[NodeTaskRef]:
@@ -63,26 +86,7 @@ def take_unsent(
     Rows another refill holds are skipped, never waited for."""
     if limit <= 0:
         return []
-    pick = (
-        select(NodeTask.id)
-        .where(
-            text(UNSENT_SQL),
-            NodeTask.job_id == job_id,
-            NodeTask.queue == queue,
-            or_(NodeTask.deadline.is_(None), NodeTask.deadline <= now),
-        )
-        .order_by(NodeTask.priority, NodeTask.item_id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    stmt = (
-        update(NodeTask)
-        .where(NodeTask.id.in_(pick.scalar_subquery()))
-        .values(sent_at=now, deadline=deadline, updated_at=now)
-        .returning(
-            NodeTask.job_id, NodeTask.item_id, NodeTask.node_id, NodeTask.attempts, NodeTask.queue, NodeTask.priority
-        )
-        .execution_options(synchronize_session=False)
-    )
-    refs = [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in session.execute(stmt)]
+    params = {"t_job": job_id, "t_queue": queue, "t_now": now, "t_limit": limit, "t_deadline": deadline}
+    rows = session.connection().execute(_TAKE_UNSENT, params)
+    refs = [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in rows]
     return sorted(refs, key=lambda r: (r.priority, r.item_id, r.node_id))  # RETURNING keeps no order

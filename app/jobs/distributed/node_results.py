@@ -15,32 +15,33 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from app.db import JobStatus, utcnow
-from app.db.repository.node_store import ItemEnd, NodeTaskRef, NodeValue, StoredValues
+from app.db.repository.node_store import Hold, ItemEnd, NodeTaskRef, NodeValue, StoredValues
 from app.jobs.distributed.node_worker import NodeWorker
-from app.jobs.distributed.nodes import ItemGraph, item_outcome
+from app.jobs.distributed.nodes import ItemGraph, item_outcome, run_op_node
 from app.jobs.distributed.settle import item_end, item_metrics
 from app.jobs.encoding import decode_value, encode_value
 from app.jobs.endpoints import CostFn, endpoint_cost
-from app.pipeline.execution.node_runner import is_inline, resolve_args
+from app.pipeline.execution.node_runner import is_inline
 from app.pipeline.execution.state import TaskResult
-from app.pipeline.graph import OpNode
-from app.pipeline.values import Value, first_error_value
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-def store_result(worker: NodeWorker, item: ItemGraph, result: TaskResult) -> list[NodeTaskRef]:
+def store_result(
+    worker: NodeWorker, item: ItemGraph, result: TaskResult, hold: str | None = None
+) -> list[NodeTaskRef]:
     """Store the result, count down the dependents, run ready inline ops, finish the item when it is done.
-    Returns the nodes to send (none when the job stopped meanwhile: releasing checks that it is open)."""
+    Returns the nodes to send (none when the job stopped meanwhile: releasing checks that it is open); those on
+    queue ``hold`` are held for the caller, which runs them next (marked sent: no refill sends them too)."""
     store = worker.store
     if _leads_everything(item, result.node_id):
         # the node every other node leads to: its result and the item's outcome in one statement
@@ -52,7 +53,7 @@ def store_result(worker: NodeWorker, item: ItemGraph, result: TaskResult) -> lis
         item.values[result.node_id] = result.value
         retrying(worker, partial(store.store_sink, _value(item, result), _ender(worker, item)))
         return []
-    reached_sink, to_send, job_status = retrying(worker, partial(_store_chain, worker, item, result))
+    reached_sink, to_send, job_status = retrying(worker, partial(_store_chain, worker, item, result, hold))
     if reached_sink:
         finish = partial(
             store.finish_item, job_id=item.job_id, item_id=item.item_id, end=_ender(worker, item)
@@ -105,12 +106,15 @@ def _ender(worker: NodeWorker, item: ItemGraph) -> Callable[[StoredValues], Item
 
 
 def _store_chain(
-    worker: NodeWorker, item: ItemGraph, result: TaskResult
+    worker: NodeWorker, item: ItemGraph, result: TaskResult, hold_queue: str | None = None
 ) -> tuple[bool, list[NodeTaskRef], str | None]:
     """Store ``result`` and the inline ops it makes ready, each with its dependents counted down; returns (an
     item's sink was stored, the nodes to send, the job's status)."""
     now = utcnow()
     deadline = now  # dependents that become ready may be sent at once (by the dispatch window's refill)
+    hold = None
+    if hold_queue is not None:  # ... except those the caller runs next: the sweeper steps in if it dies first
+        hold = Hold(hold_queue, now + timedelta(seconds=worker.policy.stale_s))
     dependents = item.graph.dependents()
     to_send: list[NodeTaskRef] = []
     pending = [result]
@@ -120,7 +124,7 @@ def _store_chain(
     while pending:
         current = pending.pop()
         waiting = sorted(set(dependents.get(current.node_id, [])))
-        stored = worker.store.store(_value(item, current, now), dependents=waiting, deadline=deadline)
+        stored = worker.store.store(_value(item, current, now), dependents=waiting, deadline=deadline, hold=hold)
         job_status = stored.job_status
         if not stored.inserted:
             if first:  # another delivery stored it first, and released its dependents then
@@ -139,7 +143,7 @@ def _store_chain(
             known.update(
                 {n: decode_value(v) for n, v in values.items() if n in item.graph.nodes and n not in known}
             )
-            pending.extend(_run_inline(item, r.node_id) for r in inline)
+            pending.extend(run_op_node(item, r.node_id) for r in inline)
         to_send.extend(r for r in stored.ready if r not in inline)
     return reached_sink, to_send, job_status
 
@@ -149,19 +153,6 @@ def _cost(worker: NodeWorker, item: ItemGraph) -> CostFn | None:
     if not aliases:
         return None
     return partial(endpoint_cost, worker.resources_for(aliases))
-
-
-def _run_inline(item: ItemGraph, node_id: str) -> TaskResult:
-    """An ``F.*`` op, run in the task that made it ready: a message round trip would cost more than the op."""
-    node = item.graph.nodes[node_id]
-    assert isinstance(node.module, OpNode)
-    start = time.perf_counter()
-    args, kwargs = resolve_args(item.state(), node)
-    failed = first_error_value(*args, **kwargs)
-    value = failed if failed is not None else node.module.run(args, kwargs)
-    if value.ref != node_id:
-        value = Value(value.kind, value.payload, node_id, dict(value.meta))
-    return TaskResult(node_id, value, (time.perf_counter() - start) * 1000.0, 0)
 
 
 def retrying(worker: NodeWorker, work: Callable[[], T]) -> T:

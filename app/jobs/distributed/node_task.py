@@ -90,19 +90,22 @@ def run_node(
     """
     lap = Lap(clock)  # per-stage timers (two clock reads a stage), read by the platform benchmark
     calls = [call, *(_also_call(call, extra) for extra in also)]
-    outcomes, ready = _run_round(worker, calls, lap)
-    for _ in range(worker.policy.local_chain if here is not None else 0):
+    rounds = worker.policy.local_chain if here is not None else 0
+    outcomes, ready = _run_round(worker, calls, lap, here if rounds else None)
+    for round_ in range(rounds):
         local = [ref for ref in ready if ref.queue == here]
         if not local:
             break
         if len(local) < len(ready):  # dependents on other queues wait for their windows
             _refill(worker)
             lap("publish")
-        # fresh tokens: no message carries these runs, so no redelivery can take them over (the sweeper can)
+        # fresh tokens: no message carries these runs, so no redelivery can take them over (the sweeper can);
+        # the dependents of the last round are left to the windows, not held for a round that does not come
         _, ready = _run_round(
             worker,
             [NodeCall(r.job_id, r.item_id, r.node_id, r.attempts, f"here:{uuid4().hex}") for r in local],
             lap,
+            here if round_ + 1 < rounds else None,
         )
     # this delivery's slot is free and its dependents are ready (queued, not sent): the fair dispatcher decides
     # what the broker gets next, this job's dependents or another tenant's nodes
@@ -129,10 +132,11 @@ class _Running:
 
 
 def _run_round(
-    worker: NodeWorker, calls: Sequence[NodeCall], lap: Lap
+    worker: NodeWorker, calls: Sequence[NodeCall], lap: Lap, hold: str | None = None
 ) -> tuple[list[Outcome], list[NodeTaskRef]]:
     """Claim each node and start its call, then store each result as it comes; returns every node's outcome
-    (in ``calls`` order) and the nodes that became ready (not sent yet)."""
+    (in ``calls`` order) and the nodes that became ready (those on queue ``hold`` held for this delivery's next
+    round, the others not sent yet)."""
     outcomes: list[Outcome] = [Outcome.STORED] * len(calls)
     running: list[_Running] = []
     start = 0
@@ -154,7 +158,7 @@ def _run_round(
             running.append(_start(worker, index, calls[index], *claimed))
     ready: list[NodeTaskRef] = []
     for done in _as_completed(worker, running):
-        outcomes[done.index], refs = _finish(worker, done, lap)
+        outcomes[done.index], refs = _finish(worker, done, lap, hold)
         ready.extend(refs)
     return outcomes, ready
 
@@ -209,7 +213,9 @@ def _renew(worker: NodeWorker, call: NodeCall) -> None:
         log.warning("cannot renew the lease of %s: %s", call.token, exc)
 
 
-def _finish(worker: NodeWorker, r: _Running, lap: Lap) -> tuple[Outcome, list[NodeTaskRef]]:
+def _finish(
+    worker: NodeWorker, r: _Running, lap: Lap, hold: str | None = None
+) -> tuple[Outcome, list[NodeTaskRef]]:
     """Store a returned call's result (or retry or fail the node on its error). A call cancelled by its process
     stopping leaves the node claimed: its lease lapses (or the next start of an in-process queue hands it back)."""
     if r.future.cancelled():
@@ -225,7 +231,7 @@ def _finish(worker: NodeWorker, r: _Running, lap: Lap) -> tuple[Outcome, list[No
     if worker.observe is not None:
         worker.observe(r.item.graph.nodes[r.call.node_id].kind, time.perf_counter() - r.start)
     lap("call")
-    ready = store_result(worker, r.item, result)
+    ready = store_result(worker, r.item, result, hold)
     lap("store")
     return Outcome.STORED, ready
 

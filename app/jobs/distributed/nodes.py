@@ -1,8 +1,8 @@
 """One graph node of one item at a time: the functions a distributed worker (a Celery task) calls.
 
-The embedded executor runs whole items on a Scheduler; a worker instead loads an item's graph and its stored
-node results, runs one ready node, and stores that node's result idempotently. Both paths read and write the
-same rows in the same encoding, so either can continue a job the other started.
+A node task (on a Celery worker or the server's in-process queue) loads an item's graph and its stored node
+results, runs one ready node, and stores that node's result idempotently. (A user's own ``run()`` runs whole
+items on the pipeline's Scheduler instead; jobs never do.)
 """
 
 from __future__ import annotations
@@ -58,20 +58,35 @@ def load_item_graph(session: Session, *, item_id: int, module: Any = None) -> It
 
 
 async def execute_node(item: ItemGraph, node_id: str, resources: Any, attempt: int = 0) -> TaskResult:
-    """Run one node on its stored inputs. An ERROR input passes through without running (errors are data);
-    other failures raise, for the caller's retry policy."""
+    """Run one node on its stored inputs: the one way a job runs a node, on either transport. An ERROR input
+    passes through without running (errors are data); other failures raise, for the caller's retry policy."""
     node = item.graph.nodes[node_id]
+    if isinstance(node.module, OpNode):
+        return run_op_node(item, node_id, attempt)
     args, kwargs = resolve_args(item.state(), node)
     start = time.perf_counter()
     failed = first_error_value(*args, **kwargs)
     if failed is not None:
         value = failed
-    elif isinstance(node.module, OpNode):
-        value = node.module.run(args, kwargs)
     elif node.kind == "llm":
         value = await run_llm_node(resources, node, args, kwargs)
     else:
         value = await run_module_node(node, args, kwargs)
+    return _result(node_id, value, start, attempt)
+
+
+def run_op_node(item: ItemGraph, node_id: str, attempt: int = 0) -> TaskResult:
+    """An ``F.*`` op: synchronous and cheap, so the task that made it ready runs it on the spot (a message round
+    trip would cost more than the op)."""
+    node = item.graph.nodes[node_id]
+    assert isinstance(node.module, OpNode)
+    start = time.perf_counter()
+    args, kwargs = resolve_args(item.state(), node)
+    failed = first_error_value(*args, **kwargs)
+    return _result(node_id, failed if failed is not None else node.module.run(args, kwargs), start, attempt)
+
+
+def _result(node_id: str, value: Value, start: float, attempt: int) -> TaskResult:
     if value.ref != node_id:
         value = Value(value.kind, value.payload, node_id, dict(value.meta))
     return TaskResult(node_id, value, (time.perf_counter() - start) * 1000.0, attempt)

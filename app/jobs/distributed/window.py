@@ -134,10 +134,14 @@ class DispatchWindow:
                     self._thread.start()
 
     def close(self) -> None:
-        """Stop the refiller thread (a process that stops dispatching; refills asked for later run inline)."""
+        """Stop the refiller thread, after the refill it may be running (a process that stops dispatching; refills
+        asked for later run inline)."""
         self._closed = True
         self.coalesce_s = 0.0
         self._due.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
 
     def _refiller(self) -> None:
         last = float("-inf")
@@ -150,6 +154,8 @@ class DispatchWindow:
             wait = last + self.coalesce_s - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
+            if self._closed:
+                return
             self._due.clear()
             last = time.monotonic()
             try:

@@ -70,13 +70,15 @@ def dispatch_window(
     endpoints: Endpoints,
     *,
     capacity: Capacity | None = None,
+    coalesce_s: float = REFILL_COALESCE_S,
 ) -> DispatchWindow:
-    """The process's dispatch windows, sized from ``capacity``, else the workers' announced task slots in Redis."""
+    """The process's dispatch windows, sized from ``capacity``, else the workers' announced task slots in Redis;
+    ``coalesce_s``: deliveries ending within it share one refill."""
     if capacity is None and settings.redis_url:
         presence = WorkerPresence(Redis.from_url(settings.redis_url, socket_timeout=5), settings.redis_prefix)
         capacity = presence.capacity
     policy = window_policy(settings, endpoints, getattr(dispatcher, "group", 1))
-    return DispatchWindow(sessions, dispatcher, policy, capacity=capacity, coalesce_s=REFILL_COALESCE_S)
+    return DispatchWindow(sessions, dispatcher, policy, capacity=capacity, coalesce_s=coalesce_s)
 
 
 def open_node_database(settings: Settings) -> tuple[sessionmaker[Session], DirectPool | None]:
@@ -105,6 +107,7 @@ def build_node_worker(
     max_calls: int = 0,
     database: tuple[sessionmaker[Session], DirectPool | None] | None = None,
     capacity: Capacity | None = None,
+    coalesce_s: float = REFILL_COALESCE_S,
 ) -> NodeWorker:
     """The node runtime of one process, the same for every transport: ``dispatcher`` (Celery's, or the server's
     in-process queue), ``submit`` (the process's event loop), ``resources_for`` (an
@@ -113,7 +116,9 @@ def build_node_worker(
     sessions, direct = database if database is not None else open_node_database(settings)
     return NodeWorker(
         sessions=sessions,
-        window=dispatch_window(settings, sessions, dispatcher, endpoints_of(settings), capacity=capacity),
+        window=dispatch_window(
+            settings, sessions, dispatcher, endpoints_of(settings), capacity=capacity, coalesce_s=coalesce_s
+        ),
         direct=direct,
         group_commit=settings.node_store_group_commit,
         dispatcher=dispatcher,

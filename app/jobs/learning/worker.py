@@ -8,8 +8,6 @@ acknowledging, or Redis restarted); sending one twice is harmless, since only on
 
 from __future__ import annotations
 
-import os
-import threading
 from datetime import timedelta
 
 from sqlalchemy import select
@@ -46,25 +44,3 @@ class LearningWorker:
     def queue_kind(self) -> str:
         """Evaluations call LLMs: remote endpoints (a resources file) or the engine in an --engine worker."""
         return "llm" if self.settings.resources_file is not None else "engine"
-
-
-_lock = threading.Lock()
-_worker: LearningWorker | None = None
-
-
-def _reset_after_fork() -> None:
-    global _lock, _worker
-    _lock = threading.Lock()
-    _worker = None
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)  # connections must not cross a prefork fork
-
-
-def learning_worker(settings: Settings) -> LearningWorker:
-    """This process's LearningWorker, built on first use."""
-    global _worker
-    with _lock:
-        if _worker is None:
-            _worker = LearningWorker(settings)
-        return _worker

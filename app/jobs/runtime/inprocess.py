@@ -25,6 +25,10 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# A refill costs one short transaction here and no broker round trip, and a message waits in memory, not in
+# Redis: refill more often than workers do, so threads do not wait for work between two refills.
+REFILL_COALESCE_S = 0.1
+
 
 class InProcessJobs:
     """Node tasks run by ``settings.jobs_threads`` threads of this process (see the module docstring)."""
@@ -65,6 +69,7 @@ class InProcessJobs:
         self.worker = build_node_worker(
             settings, self.dispatcher, self._submit, resources_for=self.resources_for,
             max_calls=settings.default_max_concurrent, database=self._node_db, capacity=self.nodes.capacity,
+            coalesce_s=REFILL_COALESCE_S,
         )
         taken_back = await asyncio.to_thread(self._take_back)
         if taken_back:

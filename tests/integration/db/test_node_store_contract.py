@@ -76,7 +76,7 @@ def job(nodes: Fixture) -> Fixture:
         )
         rows = [{"custom_id": f"c{i}", "position": i, "input": {"args": [i], "kwargs": {}}} for i in range(2)]
         repository.add_items(session, job_id=job_id, rows=rows)
-        items = tuple(item.id for item in repository.open_items(session, job_id=job_id))
+        items = tuple(session.scalars(select(Item.id).where(Item.job_id == job_id).order_by(Item.position)))
         repository.claim_job(session, job_id=job_id)
         tasks_repo.add_node_tasks(
             session,

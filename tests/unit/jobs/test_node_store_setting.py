@@ -21,7 +21,7 @@ def test_the_setting_turns_the_stores_group_commit_on_and_off(
     monkeypatch.setenv("INF_ENGINE_NODE_STORE_GROUP_COMMIT", value)
     settings = Settings(database_url=URL)
     assert settings.node_store_group_commit is (value == "true")
-    worker = build_node_worker(settings, dispatcher=None, submit=lambda coro: None)  # type: ignore[arg-type,return-value]
+    worker = build_node_worker(settings, dispatcher=None, submit=lambda coro: None, resources_for=lambda aliases: None)  # type: ignore[arg-type,return-value]
     store = worker.store
     assert isinstance(store, PsycopgNodeStore)
     assert (store.group is not None) is (value == "true")

@@ -18,6 +18,7 @@ from app.db.repository.node_store.protocol import (
     ClaimedItem,
     ClaimRequest,
     ClaimStatus,
+    Hold,
     ItemEnd,
     ItemEnder,
     JobProgress,
@@ -131,7 +132,9 @@ class CoreNodeStore:
             return runs.item_values(session, item_id=item_id)
 
     # -- store ----------------------------------------------------------------------------------------------
-    def store(self, value: NodeValue, *, dependents: Sequence[str], deadline: datetime) -> Stored:
+    def store(
+        self, value: NodeValue, *, dependents: Sequence[str], deadline: datetime, hold: Hold | None = None
+    ) -> Stored:
         with session_scope(self._sessions) as session:
             inserted = runs.store_result(session, value)
             ready: list[NodeTaskRef] = []
@@ -143,6 +146,7 @@ class CoreNodeStore:
                     node_ids=dependents,
                     deadline=deadline,
                     now=value.now,
+                    hold=hold,
                 )
             return Stored(inserted, ready, runs.job_status(session, job_id=value.job_id))
 

@@ -151,6 +151,16 @@ def too_many_attempts(node_id: str, attempts: int) -> dict[str, Any]:
     }
 
 
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Dependents that become ready on ``queue`` are run by the delivery that stores their last dependency: they
+    are marked sent at once (no refill sends them too) and due by ``until``."""
+
+    queue: str
+    until: datetime
+
+
 class NodeStore(Protocol):
     """The node state machine: waiting -> queued -> running -> done, or failed (see ``NodeTaskStatus``)."""
 
@@ -174,10 +184,12 @@ class NodeStore(Protocol):
         """``{node_id: encoded value}`` of the item's stored nodes."""
         ...
 
-    def store(self, value: NodeValue, *, dependents: Sequence[str], deadline: datetime) -> Stored:
+    def store(
+        self, value: NodeValue, *, dependents: Sequence[str], deadline: datetime, hold: Hold | None = None
+    ) -> Stored:
         """Store the result (``ON CONFLICT DO NOTHING``), mark the node done and, if this call stored it and the
         job is open, count down one waiting dependency of each of ``dependents``: those whose last one it was
-        become queued (due by ``deadline``) and are returned. One transaction."""
+        become queued (due by ``deadline``; held ones: see :class:`Hold`) and are returned. One transaction."""
         ...
 
     def store_last(self, value: NodeValue, end: ItemEnd) -> LastStored:

@@ -28,6 +28,7 @@ from app.db.repository.node_store.protocol import (
     ClaimedItem,
     ClaimRequest,
     ClaimStatus,
+    Hold,
     ItemEnd,
     JobProgress,
     LastStored,
@@ -129,7 +130,9 @@ _STORE = (
         UPDATE node_tasks
         SET waiting = waiting - 1,
             status = CASE WHEN waiting - 1 <= 0 THEN {_QUEUED} ELSE status END,
-            deadline = CASE WHEN waiting - 1 <= 0 THEN %(deadline)s ELSE deadline END,
+            deadline = CASE WHEN waiting - 1 <= 0 AND queue = %(hold)s THEN %(hold_until)s
+                            WHEN waiting - 1 <= 0 THEN %(deadline)s ELSE deadline END,
+            sent_at = CASE WHEN waiting - 1 <= 0 AND queue = %(hold)s THEN %(now)s ELSE sent_at END,
             updated_at = %(now)s
         WHERE item_id = %(item)s AND node_id = ANY(CAST(%(deps)s AS varchar[])) AND status = {_WAITING}
           AND EXISTS (SELECT 1 FROM ins)
@@ -285,9 +288,16 @@ class PsycopgNodeStore(CoreNodeStore):
                 for node_id, value in conn.execute(_ITEM_VALUES, {"item": item_id}, prepare=True)
             }
 
-    def store(self, value: NodeValue, *, dependents: Sequence[str], deadline: datetime) -> Stored:
+    def store(
+        self, value: NodeValue, *, dependents: Sequence[str], deadline: datetime, hold: Hold | None = None
+    ) -> Stored:
         params = _result_params(value)
-        params.update(deps=list(dependents), deadline=deadline)
+        params.update(
+            deps=list(dependents),
+            deadline=deadline,
+            hold=hold.queue if hold is not None else None,
+            hold_until=hold.until if hold is not None else None,
+        )
         rows = self._rows(_STORE, params, (1, value.item_id, value.node_id))
         inserted = bool(rows and rows[0][0])
         ready = [

@@ -132,8 +132,9 @@ class InProcessNodes:
         self._stopping = threading.Event()
 
     def capacity(self, queue: str) -> int:
-        """The task slots consuming ``queue`` (every thread takes from every queue): sizes the dispatch windows."""
-        return self.threads
+        """The nodes that keep every thread busy (each takes from every queue, a message of up to ``group``
+        nodes at a time): sizes the dispatch windows, within the endpoints' caps."""
+        return self.threads * max(1, self.dispatcher.group)
 
     def start(self) -> None:
         for n in range(self.threads):

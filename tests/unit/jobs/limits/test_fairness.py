@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from app.jobs.limits.fairness import Demand, allocate, next_job
+from app.jobs.limits.fairness import Demand, allocate, endpoints_cap
+from app.pipeline.resources.config import ResourceConfig
 
 
 def test_lower_priority_value_takes_every_slot_first() -> None:
@@ -37,17 +38,28 @@ def test_within_a_tenant_jobs_share_and_the_older_breaks_ties() -> None:
     demands = [Demand("new", "acme", 0, age=2.0), Demand("old", "acme", 0, age=1.0), Demand("b", "beta", 0)]
     grants = allocate(4, demands)
     assert grants == {"b": 2, "old": 1, "new": 1}
-    assert next_job([Demand("new", "acme", 0, age=2.0), Demand("old", "acme", 0, age=1.0)]) == "old"
+    assert list(allocate(1, [Demand("new", "acme", 0, age=2.0), Demand("old", "acme", 0, age=1.0)])) == ["old"]
 
 
 def test_a_tenant_quota_caps_it_and_the_rest_goes_to_others() -> None:
     demands = [Demand("a", "acme", 0), Demand("b", "beta", 0, available=3)]
     assert allocate(10, demands, tenant_room={"acme": 2}) == {"a": 2, "b": 3}
     assert allocate(10, [Demand("a", "acme", 0)], tenant_room={"acme": 0}) == {}
-    assert next_job([Demand("a", "acme", 0)], tenant_room={"acme": 0}) is None
+    assert not allocate(1, [Demand("a", "acme", 0)], tenant_room={"acme": 0})
 
 
 def test_nothing_to_hand_out() -> None:
     assert allocate(0, [Demand("a", "acme", 0)]) == {}
     assert allocate(3, []) == {}
     assert allocate(3, [Demand("a", "acme", 0, available=0)]) == {}
+
+
+def test_the_endpoints_cap_is_twice_their_concurrency_when_all_are_limited() -> None:
+    limited = ResourceConfig({"a": {"provider": "openai", "model": "m", "base_url": "http://x/v1", "max_concurrent": 8},
+                              "b": {"provider": "openai", "model": "n", "base_url": "http://x/v1", "max_concurrent": 4}})
+    assert endpoints_cap(limited) == 24
+    unlimited = ResourceConfig({"a": {"provider": "openai", "model": "m", "base_url": "http://x/v1"}})
+    assert endpoints_cap(unlimited) is None
+    assert endpoints_cap(None) is None
+    engine_only = ResourceConfig({"a": {"provider": "native", "model": "default"}})
+    assert endpoints_cap(engine_only) is None
