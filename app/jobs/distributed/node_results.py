@@ -48,7 +48,7 @@ def store_result(
         item.values[result.node_id] = result.value
         retrying(worker, partial(store.store_last, _value(item, result), _last_end(worker, item)))
         return []
-    if not item.graph.dependents().get(result.node_id):
+    if not item.dependents().get(result.node_id):
         # a node without dependents may be its item's last: its result and the item's outcome commit together
         item.values[result.node_id] = result.value
         retrying(worker, partial(store.store_sink, _value(item, result), _ender(worker, item)))
@@ -115,7 +115,7 @@ def _store_chain(
     hold = None
     if hold_queue is not None:  # ... except those the caller runs next: the sweeper steps in if it dies first
         hold = Hold(hold_queue, now + timedelta(seconds=worker.policy.stale_s))
-    dependents = item.graph.dependents()
+    dependents = item.dependents()
     to_send: list[NodeTaskRef] = []
     pending = [result]
     first = True

@@ -20,7 +20,7 @@ from app.jobs.graphs import load_module, trace_item
 from app.pipeline.execution.executor import outputs_of
 from app.pipeline.execution.node_runner import resolve_args, run_llm_node, run_module_node
 from app.pipeline.execution.state import ExecutionState, TaskResult
-from app.pipeline.graph import InferenceGraph, OpNode
+from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode
 from app.pipeline.values import Value, first_error_value
 
 
@@ -36,6 +36,34 @@ class ItemGraph:
 
     def state(self) -> ExecutionState:
         return ExecutionState(self.graph, execution_id=f"{self.job_id}:{self.custom_id}", preloaded=self.values)
+
+    def dependents(self) -> dict[str, list[str]]:
+        """The graph's dependents, computed once per traced graph (a worker keeps recent items' graphs)."""
+        cached: dict[str, list[str]] | None = getattr(self.graph, "_dependents", None)
+        if cached is None:
+            cached = self.graph.dependents()
+            self.graph._dependents = cached  # type: ignore[attr-defined]
+        return cached
+
+    def arguments(self, node: GraphNode) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The node's resolved arguments from the known values (without building a whole ExecutionState)."""
+        return resolve_args(_Known(self, node), node)  # type: ignore[arg-type]
+
+
+class _Known:
+    """What :func:`resolve_args` reads of a state: the results of the node's dependencies."""
+
+    def __init__(self, item: ItemGraph, node: GraphNode) -> None:
+        self.results: dict[str, TaskResult] = {}
+        for dep in node.dependencies:
+            value = item.values.get(dep)
+            if value is None:
+                module = item.graph.nodes[dep].module
+                given = module.value if isinstance(module, InputNode) else None
+                if given is None:
+                    raise LookupError(f"node {node.id} needs {dep}, whose result is not known")
+                value = Value(given.kind, given.payload, dep, dict(given.meta))
+            self.results[dep] = TaskResult(dep, value)
 
 
 def load_item_graph(session: Session, *, item_id: int, module: Any = None) -> ItemGraph:
@@ -63,7 +91,7 @@ async def execute_node(item: ItemGraph, node_id: str, resources: Any, attempt: i
     node = item.graph.nodes[node_id]
     if isinstance(node.module, OpNode):
         return run_op_node(item, node_id, attempt)
-    args, kwargs = resolve_args(item.state(), node)
+    args, kwargs = item.arguments(node)
     start = time.perf_counter()
     failed = first_error_value(*args, **kwargs)
     if failed is not None:
@@ -81,7 +109,7 @@ def run_op_node(item: ItemGraph, node_id: str, attempt: int = 0) -> TaskResult:
     node = item.graph.nodes[node_id]
     assert isinstance(node.module, OpNode)
     start = time.perf_counter()
-    args, kwargs = resolve_args(item.state(), node)
+    args, kwargs = item.arguments(node)
     failed = first_error_value(*args, **kwargs)
     return _result(node_id, failed if failed is not None else node.module.run(args, kwargs), start, attempt)
 

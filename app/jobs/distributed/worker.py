@@ -81,14 +81,19 @@ def dispatch_window(
     return DispatchWindow(sessions, dispatcher, policy, capacity=capacity, coalesce_s=coalesce_s)
 
 
-def open_node_database(settings: Settings) -> tuple[sessionmaker[Session], DirectPool | None]:
+def open_node_database(
+    settings: Settings, *, threads: int = 0
+) -> tuple[sessionmaker[Session], DirectPool | None]:
     """Sessions for node work and, on PostgreSQL, the raw autocommit connections of the one-statement claim and
     store. Connections are held for one statement or one short transaction, so a few serve many task threads (a
     thread waits for one when all are busy); at most 12 + 24 per process keeps several workers, the API and beat
-    under PostgreSQL's default of 100 connections."""
+    under PostgreSQL's default of 100 connections. ``threads``: the task threads of an in-process queue (on
+    SQLite each gets its own connection)."""
     url = database_url(settings)
     options: dict[str, Any] = {"pool_size": 4, "max_overflow": 8}
     direct = None
+    if threads and not url.startswith("postgresql"):  # SQLite: a connection per task thread costs nothing
+        options = {"pool_size": threads, "max_overflow": 4}
     if url.startswith("postgresql"):
         # A node's commit need not wait for its WAL flush: a PostgreSQL crash may forget the last moments of
         # commits, which the leases, attempts and sweeper already handle as a worker that died mid-node.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -65,7 +66,7 @@ class InProcessJobs:
             self.dispatcher, self._deliver, threads=settings.jobs_threads,
             on_done=lambda m: self._publish(loop, m.job_id),
         )
-        self._node_db = await asyncio.to_thread(open_node_database, settings)
+        self._node_db = await asyncio.to_thread(partial(open_node_database, settings, threads=settings.jobs_threads))
         self.worker = build_node_worker(
             settings, self.dispatcher, self._submit, resources_for=self.resources_for,
             max_calls=settings.default_max_concurrent, database=self._node_db, capacity=self.nodes.capacity,

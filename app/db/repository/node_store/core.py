@@ -61,7 +61,9 @@ class CoreNodeStore:
             return self._claim_in(session, request)
 
     def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        return [self.claim(request) for request in requests]
+        """Every claim in one transaction (one write lock and one commit on SQLite, not one per node)."""
+        with session_scope(self._sessions) as session:
+            return [self._claim_in(session, request) for request in requests]
 
     def _claim_in(self, session: Session, r: ClaimRequest) -> Claim:
         quick = runs.claim_queued(
