@@ -83,6 +83,111 @@ class _EnvSource(EnvSettingsSource):
         return super().decode_complex_value(field_name, field, value)
 
 
+# --- the rules the validators of Settings apply ---------------------------------------------------------------
+_LOG_LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+_QUOTA_KEYS = ("max_queued_items", "max_inflight_nodes")
+
+
+def _blank_switch_is_off(value: Any) -> Any:
+    # ``INF_ENGINE_DISABLE_AVX512=`` (set but empty) leaves the fast path on, as an unset variable does.
+    return False if isinstance(value, str) and not value.strip() else value
+
+
+def _check_quota_keys(value: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    for tenant, quota in value.items():
+        if not tenant.strip():
+            raise ValueError("tenant_quotas names a tenant with an empty name")
+        for key, limit in quota.items():
+            if key not in _QUOTA_KEYS:
+                raise ValueError(
+                    f"tenant_quotas[{tenant!r}] has the unknown key {key!r}; the keys are "
+                    f"{' and '.join(_QUOTA_KEYS)}"
+                )
+            if limit < 0:
+                raise ValueError(
+                    f"tenant_quotas[{tenant!r}][{key!r}] must be 0 (unlimited) or more, not {limit}"
+                )
+    return value
+
+
+def _check_visibility_above_time_limit(settings: Settings) -> Settings:
+    # A task still running when the visibility timeout passes would be delivered a second time.
+    if settings.celery_visibility_timeout <= settings.celery_task_time_limit:
+        raise ValueError(
+            f"celery_visibility_timeout ({settings.celery_visibility_timeout:g} s) must be above "
+            f"celery_task_time_limit ({settings.celery_task_time_limit:g} s), or running tasks are re-delivered"
+        )
+    return settings
+
+
+def _plain_list(field: FieldInfo | None, value: Any) -> Any:
+    """A list setting given as a plain string is split; blank string items of a list are dropped, the rest trimmed."""
+    if field is None or not _is_list_field(field):
+        return value
+    if isinstance(value, str):
+        return split_list_value(value, shell=SHELL_WORDS in field.metadata)
+    if isinstance(value, list):
+        return [
+            v.strip() if isinstance(v, str) else v
+            for v in value
+            if not (isinstance(v, str) and not v.strip())
+        ]
+    return value
+
+
+def _check_positive_weights(value: dict[str, float]) -> dict[str, float]:
+    for tenant, weight in value.items():
+        if not weight > 0 or weight == float("inf"):
+            raise ValueError(f"tenant_weights[{tenant!r}] must be a positive number, not {weight!r}")
+    return value
+
+
+def _check_known_level(value: str) -> str:
+    level = value.upper()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {value!r}")
+    return level
+
+
+def _check_executable(value: Path | None) -> Path | None:
+    if value is not None and not (value.is_file() and os.access(value, os.X_OK)):
+        raise ValueError(f"vllm_python must be an executable Python with vLLM installed; {value} is not")
+    return value
+
+
+def _check_http_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"openai_base_url must start with http:// or https://, not {value!r}")
+    return value.rstrip("/")
+
+
+def _check_origins(value: list[str]) -> list[str]:
+    for origin in value:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"cors_origins entries must be '*' or http(s)://host[:port], not {origin!r}")
+    return value
+
+
+def _settings_sources(
+    settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource
+) -> tuple[PydanticBaseSettingsSource, ...]:
+    """Keyword arguments, then the ``INF_ENGINE_*`` variables, then the TOML file (when there is one)."""
+    sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
+    path = _config_file()
+    if path.is_file():
+        try:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigFileInvalidError(f"settings file {path} is not valid TOML: {exc}; fix it") from None
+    elif CONFIG_FILE_ENV in os.environ:
+        raise ConfigFileMissingError(
+            f"{CONFIG_FILE_ENV} names {path}, which does not exist; point it at a TOML file, or unset it"
+        )
+    return tuple(sources)
+
+
 class Settings(BaseSettings):
     """Process-wide configuration; validated at start so a bad value fails fast with its name."""
 
@@ -225,8 +330,7 @@ class Settings(BaseSettings):
     @field_validator("disable_avx512", "disable_bf16", "disable_amx", "disable_decode_layer", mode="before")
     @classmethod
     def _blank_switch_is_off(cls, value: Any) -> Any:
-        # ``INF_ENGINE_DISABLE_AVX512=`` (set but empty) leaves the fast path on, as an unset variable does.
-        return False if isinstance(value, str) and not value.strip() else value
+        return _blank_switch_is_off(value)
 
     # --- jobs (``/v1/jobs``), the embedded executor, and the CLI that talks to a server ------------------------
     db_auto_upgrade: bool = Field(
@@ -289,17 +393,7 @@ class Settings(BaseSettings):
     @field_validator("tenant_quotas")
     @classmethod
     def _quota_keys(cls, value: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-        known = ("max_queued_items", "max_inflight_nodes")
-        for tenant, quota in value.items():
-            if not tenant.strip():
-                raise ValueError("tenant_quotas names a tenant with an empty name")
-            for key, limit in quota.items():
-                if key not in known:
-                    raise ValueError(f"tenant_quotas[{tenant!r}] has the unknown key {key!r}; the keys are "
-                                     f"{' and '.join(known)}")
-                if limit < 0:
-                    raise ValueError(f"tenant_quotas[{tenant!r}][{key!r}] must be 0 (unlimited) or more, not {limit}")
-        return value
+        return _check_quota_keys(value)
 
     # --- distributed execution: Celery on Redis, global endpoint limits, Flower (deploy/README.md says why) -----
     redis_prefix: str = Field(
@@ -408,69 +502,37 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _visibility_above_time_limit(self) -> Settings:
-        # A task still running when the visibility timeout passes would be delivered a second time.
-        if self.celery_visibility_timeout <= self.celery_task_time_limit:
-            raise ValueError(
-                f"celery_visibility_timeout ({self.celery_visibility_timeout:g} s) must be above "
-                f"celery_task_time_limit ({self.celery_task_time_limit:g} s), or running tasks are re-delivered"
-            )
-        return self
+        return _check_visibility_above_time_limit(self)
 
     @field_validator("*", mode="before")
     @classmethod
     def _plain_lists(cls, value: Any, info: ValidationInfo) -> Any:
-        field = cls.model_fields.get(info.field_name or "")
-        if field is None or not _is_list_field(field):
-            return value
-        if isinstance(value, str):
-            return split_list_value(value, shell=SHELL_WORDS in field.metadata)
-        if isinstance(value, list):
-            return [
-                v.strip() if isinstance(v, str) else v
-                for v in value
-                if not (isinstance(v, str) and not v.strip())
-            ]
-        return value
+        return _plain_list(cls.model_fields.get(info.field_name or ""), value)
 
     @field_validator("tenant_weights")
     @classmethod
     def _positive_weights(cls, value: dict[str, float]) -> dict[str, float]:
-        for tenant, weight in value.items():
-            if not weight > 0 or weight == float("inf"):
-                raise ValueError(f"tenant_weights[{tenant!r}] must be a positive number, not {weight!r}")
-        return value
+        return _check_positive_weights(value)
 
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
-        level = value.upper()
-        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
-            raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {value!r}")
-        return level
+        return _check_known_level(value)
 
     @field_validator("vllm_python")
     @classmethod
     def _executable(cls, value: Path | None) -> Path | None:
-        if value is not None and not (value.is_file() and os.access(value, os.X_OK)):
-            raise ValueError(f"vllm_python must be an executable Python with vLLM installed; {value} is not")
-        return value
+        return _check_executable(value)
 
     @field_validator("openai_base_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"openai_base_url must start with http:// or https://, not {value!r}")
-        return value.rstrip("/")
+        return _check_http_url(value)
 
     @field_validator("cors_origins")
     @classmethod
     def _origins(cls, value: list[str]) -> list[str]:
-        for origin in value:
-            if origin != "*" and not origin.startswith(("http://", "https://")):
-                raise ValueError(f"cors_origins entries must be '*' or http(s)://host[:port], not {origin!r}")
-        return value
+        return _check_origins(value)
 
     @classmethod
     def settings_customise_sources(
@@ -481,20 +543,13 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
-        path = _config_file()
-        if path.is_file():
-            try:
-                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigFileInvalidError(
-                    f"settings file {path} is not valid TOML: {exc}; fix it"
-                ) from None
-        elif CONFIG_FILE_ENV in os.environ:
-            raise ConfigFileMissingError(
-                f"{CONFIG_FILE_ENV} names {path}, which does not exist; point it at a TOML file, or unset it"
-            )
-        return tuple(sources)
+        return _settings_sources(settings_cls, init_settings)
+
+
+def environment_variable(name: str) -> str | None:
+    """The value of the environment variable ``name``, or None when it is unset. The one place where endpoint
+    configs read the variable their ``api_key`` names (``OPENAI_API_KEY``): app.pipeline.resources.config."""
+    return os.environ.get(name)
 
 
 def child_environment(extra: Mapping[str, str]) -> dict[str, str]:

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.pipeline.resources.errors import ConfigurationError
+from app.settings import environment_variable
 
 PROVIDERS: tuple[str, ...] = ("openai", "vllm", "native", "anthropic")
 LOAD_BALANCING: tuple[str, ...] = ("round_robin", "least_loaded", "random")
@@ -100,8 +101,9 @@ class EndpointConfig(BaseModel):
             return None
         explicit = _EXPLICIT_ENV.match(key)
         name = explicit.group(1) if explicit else key
-        if name in os.environ:
-            return os.environ[name]
+        value = environment_variable(name)
+        if value is not None:
+            return value
         if explicit or _ENV_NAME.match(key):
             raise ConfigurationError(
                 f"api_key for {self.provider}/{self.model} names the environment variable {name}, which is "
