@@ -34,7 +34,10 @@ from app.db import (
     to_unix,
     utcnow,
 )
-from app.jobs.batches.lines import (
+from app.jobs.batches.pipeline import BATCH_PIPELINE
+from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
+from app.jobs.files import BATCH, store_output_file
+from app.jobs.files.batch_lines import (
     CHAT_COMPLETIONS,
     ENDPOINTS,
     BatchFileError,
@@ -43,9 +46,6 @@ from app.jobs.batches.lines import (
     item_of,
     parse_request_lines,
 )
-from app.jobs.batches.pipeline import BATCH_PIPELINE
-from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
-from app.jobs.files import BATCH, store_output_file
 from app.jobs.ids import new_batch_id
 from app.jobs.submission import JobRequest, Limits, submit_job
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.jobs.batches.lines import (
+from app.jobs.files.batch_lines import (
     MAX_REPORTED_ERRORS,
     BatchFileError,
     check_lines,

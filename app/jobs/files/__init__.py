@@ -1,7 +1,7 @@
 """Uploaded files, as OpenAI's ``/v1/files`` has them: batch request files, job input files, batch results.
 
 Uploads are checked before anything is stored: a ``batch`` file must hold one Batch API request per line (see
-:mod:`app.jobs.batches.lines`), a ``user_data`` file one job item per line (the JSONL of ``POST /v1/jobs``).
+:mod:`app.jobs.files.batch_lines`), a ``user_data`` file one job item per line (the JSONL of ``POST /v1/jobs``).
 The files a batch writes (its output and error files) have purpose ``batch_output``.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.db import File, repository, to_unix
-from app.jobs.batches.lines import BatchFileError, parse_request_lines
 from app.jobs.errors import InvalidJobInput, JobNotFound, PayloadTooLarge
+from app.jobs.files.batch_lines import BatchFileError, parse_request_lines
 from app.jobs.ids import new_file_id
 from app.jobs.inputs import InputFileError, parse_jsonl
 from app.jobs.submission import Limits
