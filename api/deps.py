@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.db import Session
-from app.jobs.runtime import JobsRuntime
 from app.jobs.learning.runtime import LearningRuntime
+from app.jobs.runtime import JobsRuntime
 from app.jobs.tenants import ANONYMOUS, KeyRing
 from app.serving import OpenAIServing
 from app.serving.errors import unauthorized

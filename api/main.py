@@ -26,10 +26,10 @@ from api.routes import jobs as jobs_routes
 from api.routes import ops
 from api.routes import trainings as trainings_routes
 from api.routes.openai import extras, v1
-from app.jobs.runtime.readiness import Readiness
-from app.jobs.runtime import JobsRuntime
 from app.jobs.learning.runtime import LearningRuntime
 from app.jobs.registry import configure_registry
+from app.jobs.runtime import JobsRuntime
+from app.jobs.runtime.readiness import Readiness
 from app.serving import OpenAIServing, ServingMetrics
 from app.serving.backends import Backend, create_backend
 from app.settings import Settings, get_settings

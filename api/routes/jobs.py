@@ -18,8 +18,8 @@ from api.deps import DbSession, Owner, Runtime, require_api_key
 from api.params import RequestBody, ResultsCursor
 from api.responses import JSONBytes, content_disposition, dumps
 from app.jobs import service
-from app.jobs.runtime import JobsRuntime
 from app.jobs.errors import InvalidJobInput, JobNotFound, PayloadTooLarge
+from app.jobs.runtime import JobsRuntime
 from app.jobs.submission import JobRequest, submit_job
 from app.serving.errors import from_validation_errors
 

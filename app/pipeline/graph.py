@@ -9,12 +9,12 @@ import json
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.pipeline.values import Value, ValueKind, ValueRef
 
-if TYPE_CHECKING:
-    from app.pipeline.module import Module
+#: a pipeline Module (app.pipeline.module); named loosely here so that the graph stays below the modules it records
+Module = Any
 
 GRAPH_FORMAT_VERSION = 1
 
@@ -64,13 +64,13 @@ class GraphNode:
 
 def _node_kind(module: Any) -> str:
     """``input``, ``op`` (F.*), ``llm`` (an LLMInference) or ``module`` (a leaf module's Python forward)."""
-    from app.pipeline.llm import LLMInference
-
     if isinstance(module, InputNode):
         return "input"
     if isinstance(module, OpNode):
         return "op"
-    if isinstance(module, LLMInference) or (isinstance(module, UnboundModule) and "alias" in module.config_data):
+    if getattr(type(module), "graph_node_kind", None) == "llm":  # an LLMInference (it says so: llm sits above the graph)
+        return "llm"
+    if isinstance(module, UnboundModule) and "alias" in module.config_data:
         return "llm"
     return "module"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -17,7 +17,7 @@ from app.pipeline.parameter import Parameter
 from app.pipeline.values import ValueKind
 
 if TYPE_CHECKING:
-    from app.pipeline.optimization.types import BackwardContext, BackwardResult
+    from app.pipeline.backward import BackwardContext, BackwardResult
 
 #: ``backward(module, feedback, ctx)`` of an LLM call; installed by ``app.pipeline.optimization``
 Backward = Callable[["LLMInference", Any, "BackwardContext"], Awaitable["BackwardResult"]]
@@ -105,6 +105,8 @@ class LLMInference(Module):
     Every LLM output's meta carries the calls as ``tool_calls`` when there were any (so a plain call given
     ``tools`` at call time, as the Batch API does, still reports them).
     """
+
+    graph_node_kind: ClassVar[str] = "llm"  # how a traced graph classifies its nodes
 
     is_leaf = True
 

@@ -16,7 +16,7 @@ from app.pipeline.parameter import Parameter
 from app.pipeline.values import ValueKind
 
 if TYPE_CHECKING:
-    from app.pipeline.optimization.types import BackwardContext, BackwardResult
+    from app.pipeline.backward import BackwardContext, BackwardResult
 
 #: what ``module(...)`` returns when resources are available, given ``(module, args, kwargs)``: the runtime
 #: (``app.pipeline.execution``, which builds on modules) installs it with ``install_runner``.
@@ -199,7 +199,7 @@ class Module:
 
     def bind(self, resources: Any, max_concurrent: int = 100, **settings: Any) -> Self:
         """Attach resources (and run settings) so that ``await module(x)`` runs the pipeline."""
-        from app.pipeline.execution.settings import validate_setting_names
+        from app.pipeline.run_settings import validate_setting_names
 
         validate_setting_names(settings)
         object.__setattr__(self, "_bound_resources", resources)
@@ -212,7 +212,7 @@ class Module:
             if self._is_leaf_module():
                 return tracer.record_call(self, args, kwargs)
             return tracer.trace_forward(self, args, kwargs)
-        from app.pipeline.execution.settings import get_execution_settings
+        from app.pipeline.run_settings import get_execution_settings
 
         settings = get_execution_settings()
         if self._bound_resources is not None or (settings is not None and settings.resources is not None):
@@ -236,7 +236,7 @@ class Module:
 
     async def backward(self, feedback: Any, ctx: BackwardContext) -> BackwardResult:
         """Default: pass the feedback unchanged to every input."""
-        from app.pipeline.optimization.types import BackwardResult
+        from app.pipeline.backward import BackwardResult
 
         return BackwardResult(input_feedback={name: feedback for name in ctx.input_names()})
 

@@ -16,15 +16,15 @@ from typing import Any
 
 from app.pipeline.execution.checkpoint import CheckpointManager, input_fingerprint
 from app.pipeline.execution.scheduler import Scheduler
-from app.pipeline.execution.settings import (
+from app.pipeline.execution.state import ExecutionState, TaskResult
+from app.pipeline.graph import InferenceGraph
+from app.pipeline.run_settings import (
     SETTING_NAMES,
     RunConfig,
     get_execution_settings,
     is_manager,
     make_manager,
 )
-from app.pipeline.execution.state import ExecutionState, TaskResult
-from app.pipeline.graph import InferenceGraph
 from app.pipeline.tracing.tracer import Tracer
 from app.pipeline.values import Value, ValueKind, unwrap
 
@@ -282,7 +282,7 @@ async def _run_one(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c
 
 
 def _attach_record(output: Any, record: ForwardRecord) -> Any:
-    from app.pipeline.optimization.record import TracedOutput
+    from app.pipeline.record import TracedOutput
 
     return TracedOutput(output, record)
 

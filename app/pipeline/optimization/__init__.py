@@ -11,6 +11,7 @@ graph back to the learnable Parameters, and an optimizer's ``step()`` rewrites t
 or all of it: ``history = await train(module, dataset, loss, optimizer, epochs=2, batch_size=4, seed=0)``.
 """
 
+from app.pipeline.backward import BackwardContext, BackwardResult
 from app.pipeline.execution.executor import ForwardRecord
 from app.pipeline.llm import install_backward
 from app.pipeline.optimization.backward import llm_backward
@@ -34,7 +35,6 @@ from app.pipeline.optimization.llm import JudgeResponseError
 from app.pipeline.optimization.loss import CompositeLoss, Loss, VerifierLoss
 from app.pipeline.optimization.optimizer import Optimizer, ParameterUpdate, SFAOptimizer
 from app.pipeline.optimization.propagation import BackwardPass, BackwardReport, propagate
-from app.pipeline.optimization.record import TracedOutput, split_output, unwrap_output
 from app.pipeline.optimization.training import (
     EpochSummary,
     EvaluationResult,
@@ -44,7 +44,7 @@ from app.pipeline.optimization.training import (
     evaluate,
     train,
 )
-from app.pipeline.optimization.types import BackwardContext, BackwardResult
+from app.pipeline.record import TracedOutput, split_output, unwrap_output
 
 # The backward pass builds on Feedback and on LLMInference, so they reach it through these hooks.
 install_propagation(propagate)

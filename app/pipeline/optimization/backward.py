@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.pipeline.optimization.types import BackwardContext, BackwardResult
+from app.pipeline.backward import BackwardContext, BackwardResult
 
 _QUOTE_LIMIT = 1000
 

@@ -32,7 +32,7 @@ from app.pipeline.optimization.contrast import (
 )
 from app.pipeline.optimization.feedback import Feedback, FeedbackType
 from app.pipeline.optimization.loss import Loss
-from app.pipeline.optimization.record import split_output
+from app.pipeline.record import split_output
 
 
 @dataclass

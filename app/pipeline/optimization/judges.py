@@ -24,7 +24,7 @@ from app.pipeline.optimization.contrast import (
 from app.pipeline.optimization.feedback import Feedback, FeedbackType
 from app.pipeline.optimization.llm import AnswerProblem, ChatLLM, non_empty, parse_model, schema_hint
 from app.pipeline.optimization.loss import Loss
-from app.pipeline.optimization.record import split_output
+from app.pipeline.record import split_output
 
 
 def _text(value: Any) -> str:

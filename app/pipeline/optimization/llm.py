@@ -48,7 +48,7 @@ def resources_in_scope(bound: Any) -> Any:
     """The resources an internal call would use: the bound ones, else the active ExecutionSettings' ones."""
     if bound is not None:
         return bound
-    from app.pipeline.execution.settings import get_execution_settings
+    from app.pipeline.run_settings import get_execution_settings
 
     settings = get_execution_settings()
     return settings.resources if settings is not None else None
@@ -83,7 +83,7 @@ class ChatLLM:
         self.module.bind(resources)
 
     async def __call__(self, prompt: str) -> str:
-        from app.pipeline.optimization.record import unwrap_output
+        from app.pipeline.record import unwrap_output
 
         resources = resources_in_scope(self.resources)
         if resources is None:

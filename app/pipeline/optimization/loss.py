@@ -10,7 +10,7 @@ from typing import Any, Self
 
 from app.pipeline.optimization.feedback import Feedback, FeedbackType, mean_score
 from app.pipeline.optimization.llm import ChatLLM, non_empty
-from app.pipeline.optimization.record import split_output
+from app.pipeline.record import split_output
 
 
 def broadcast(value: Any, n: int, what: str) -> list[Any]:

@@ -14,6 +14,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 import app.pipeline.optimization.state as state
+from app.pipeline.backward import BackwardContext, BackwardResult
 from app.pipeline.optimization.feedback import (
     BackwardPass,
     BackwardReport,
@@ -21,7 +22,6 @@ from app.pipeline.optimization.feedback import (
     as_feedback,
     combine_feedback,
 )
-from app.pipeline.optimization.types import BackwardContext, BackwardResult
 from app.pipeline.parameter import Parameter
 from app.pipeline.values import Value, ValueRef
 

@@ -325,7 +325,7 @@ def _scope(resources: Any) -> AbstractAsyncContextManager[Any]:
     one ResourceManager and so one set of rate limits."""
     if resources is None:
         return nullcontext()
-    from app.pipeline.execution.settings import ExecutionSettings
+    from app.pipeline.run_settings import ExecutionSettings
 
     return ExecutionSettings(resources=resources)
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.pipeline.context import trace_context
 from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode
 from app.pipeline.parameter import Parameter
 from app.pipeline.values import Value, ValueKind, collect_refs, replace_values_with_refs, valueify
 
-if TYPE_CHECKING:
-    from app.pipeline.module import Module
+#: a pipeline Module (app.pipeline.module), which calls the tracer: named loosely so tracing stays below it
+Module = Any
 
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _PLACEHOLDER = re.compile(f"{_OPEN}(.*?){_CLOSE}")

@@ -27,7 +27,7 @@ from app.pipeline import (
     run,
     trace,
 )
-from app.pipeline.optimization.types import BackwardContext, BackwardResult
+from app.pipeline.backward import BackwardContext, BackwardResult
 from tests.support.fakes import ScriptedResources
 
 
