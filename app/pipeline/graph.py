@@ -8,13 +8,29 @@ import importlib
 import json
 import sys
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from app.pipeline.values import Value, ValueKind, ValueRef
 
-#: a pipeline Module (app.pipeline.module); named loosely here so that the graph stays below the modules it records
-Module = Any
+
+class TracedModule(Protocol):
+    """What the tracer and the graph call on a pipeline ``Module``: the graph and the module sit side by side (a module
+    reaches the running tracer only through ``app.pipeline.context``), so the graph names it by this protocol."""
+
+    def _path(self) -> str: ...
+
+    def _is_leaf_module(self) -> bool: ...
+
+    def output_kind(self) -> ValueKind: ...
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Any]]: ...
+
+    def get_submodule(self, path: str) -> TracedModule: ...
+
 
 GRAPH_FORMAT_VERSION = 1
 
@@ -244,7 +260,7 @@ class InferenceGraph:
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], root: Module | None = None) -> InferenceGraph:
+    def from_dict(cls, data: dict[str, Any], root: TracedModule | None = None) -> InferenceGraph:
         """Rebuild a graph; with ``root`` (the traced module) the module nodes are bound and runnable again."""
         if data.get("version") != GRAPH_FORMAT_VERSION:
             raise ValueError(f"unsupported graph format version {data.get('version')!r}")
@@ -285,7 +301,7 @@ class InferenceGraph:
         return graph
 
     @classmethod
-    def from_json(cls, text: str, root: Module | None = None) -> InferenceGraph:
+    def from_json(cls, text: str, root: TracedModule | None = None) -> InferenceGraph:
         return cls.from_dict(json.loads(text), root)
 
 
@@ -314,7 +330,7 @@ def _type_name(module: Any) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _bind_module(root: Module, entry: dict[str, Any]) -> Module:
+def _bind_module(root: TracedModule, entry: dict[str, Any]) -> TracedModule:
     """The root's submodule at the node's path, checked to be the kind of module that was traced there."""
     path = entry.get("module_path", "")
     try:

@@ -13,12 +13,9 @@ import re
 from typing import Any
 
 from app.pipeline.context import trace_context
-from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode
+from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode, TracedModule
 from app.pipeline.parameter import Parameter
 from app.pipeline.values import Value, ValueKind, collect_refs, replace_values_with_refs, valueify
-
-#: a pipeline Module (app.pipeline.module), which calls the tracer: named loosely so tracing stays below it
-Module = Any
 
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _PLACEHOLDER = re.compile(f"{_OPEN}(.*?){_CLOSE}")
@@ -69,7 +66,7 @@ class Tracer:
         return obj
 
     # -- recording ----------------------------------------------------------------------------------------------
-    def record_call(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    def record_call(self, module: TracedModule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         args = self._materialise_strings(args)
         kwargs = self._materialise_strings(kwargs)
         node_id = self._next_id(type(module).__name__)
@@ -83,7 +80,7 @@ class Tracer:
             kind=module.output_kind(),
         )
 
-    def _relative_path(self, module: Module) -> str:
+    def _relative_path(self, module: TracedModule) -> str:
         """The module's dotted path from the traced root (what ``root.get_submodule`` resolves)."""
         path = module._path()
         if self._root_path and path.startswith(self._root_path + "."):
@@ -175,7 +172,7 @@ class Tracer:
             )
         return self.record_op("F.render", (template, variables), {})
 
-    def trace_forward(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def trace_forward(self, module: TracedModule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run a composite module's forward at trace time (it must be synchronous: it only wires nodes)."""
         output = module.forward(*args, **kwargs)
         if inspect.isawaitable(output):
@@ -188,7 +185,7 @@ class Tracer:
         return output
 
     # -- the whole trace ----------------------------------------------------------------------------------------
-    def trace_values(self, module: Module, *args: Any, **kwargs: Any) -> InferenceGraph:
+    def trace_values(self, module: TracedModule, *args: Any, **kwargs: Any) -> InferenceGraph:
         self.reset()
         self._root_path = module._path()
         with trace_context(self):
@@ -253,6 +250,6 @@ def _has_placeholder(obj: Any) -> bool:
     return False
 
 
-def trace(module: Module, *args: Any, **kwargs: Any) -> InferenceGraph:
+def trace(module: TracedModule, *args: Any, **kwargs: Any) -> InferenceGraph:
     """Trace ``module`` on example inputs into an InferenceGraph."""
     return Tracer().trace_values(module, *args, **kwargs)
