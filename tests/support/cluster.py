@@ -203,7 +203,7 @@ class Cluster:
         with session_scope(make_session_factory(self.engine)) as session:
             return describe_job(session, job_id)
 
-    def wait(self, job_id: str, timeout: float) -> dict[str, Any]:
+    def wait(self, job_id: str, timeout: float, interval: float = 0.25) -> dict[str, Any]:
         view: dict[str, Any] = {}
 
         def done() -> bool:
@@ -212,7 +212,7 @@ class Cluster:
             return view["status"] in TERMINAL
 
         try:
-            wait_until(done, timeout, f"job {job_id} to finish", interval=0.25)
+            wait_until(done, timeout, f"job {job_id} to finish", interval=interval)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last seen {view}; unfinished nodes: {self.unfinished(job_id)}") from None
         return view
