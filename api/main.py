@@ -4,7 +4,7 @@ The backend (from ``settings.backend`` unless given) is started in the app's lif
 Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/jobs, /v1/files, /v1/batches (Bearer keys from
 ``settings.api_keys``),
 /tokenize, /detokenize, /health (liveness), /ready (readiness: the database at the schema's head), /version and
-/metrics (open); /v1/engines is a deprecated alias of /v1/models. The jobs runtime (database, embedded executor) starts in
+/metrics (open); /v1/engines is a deprecated alias of /v1/models. The jobs runtime (database, in-process queue) starts in
 the lifespan when a database is configured or already exists, otherwise on the first jobs request.
 """
 
@@ -42,7 +42,7 @@ def create_app(
     settings = settings or get_settings()
     configure_registry(settings.pipeline_modules)  # what requests may name; a broken module fails here
     backend = backend or create_backend(settings)
-    # jobs: the database and the embedded executor start only once jobs are used (or exist to be resumed)
+    # jobs: the database and the in-process queue start only once jobs are used (or exist to be resumed)
     # (without a resources file, the jobs' pipelines call this server's own backend)
     # with Redis configured, jobs run on Celery workers and this process only dispatches them (api/platform.py)
     jobs = jobs or JobsRuntime(settings, backend=backend, dispatcher=jobs_dispatcher(settings))

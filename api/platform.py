@@ -18,7 +18,7 @@ from app.settings import Settings
 
 
 def jobs_dispatcher(settings: Settings) -> Any:
-    """Celery's dispatcher when Redis is configured (jobs then run on workers), else None (the embedded executor
+    """Celery's dispatcher when Redis is configured (jobs then run on workers), else None (the in-process queue
     runs them, as on a bare machine)."""
     if not settings.redis_url:
         return None

@@ -332,7 +332,7 @@ class Settings(BaseSettings):
     def _blank_switch_is_off(cls, value: Any) -> Any:
         return _blank_switch_is_off(value)
 
-    # --- jobs (``/v1/jobs``), the embedded executor, and the CLI that talks to a server ------------------------
+    # --- jobs (``/v1/jobs``), the embedded mode's in-process queue, and the CLI that talks to a server ------------------------
     db_auto_upgrade: bool = Field(
         default=True, description="The server runs the database migrations at start"
     )

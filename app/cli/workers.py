@@ -33,7 +33,7 @@ def _settings() -> Any:
     if not settings.redis_url:
         raise fail(
             "no Redis configured: set INF_ENGINE_REDIS_URL (e.g. redis://127.0.0.1:6379/0); without it, "
-            "`inf-engine serve` runs jobs on its embedded executor and needs no worker"
+            "`inf-engine serve` runs jobs on its in-process queue and needs no worker"
         )
     from app.jobs.registry import RegistryError, configure_registry
 

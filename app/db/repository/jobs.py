@@ -99,7 +99,7 @@ def claim_next_job(session: Session, *, exclude: Iterable[str] = ()) -> Job | No
 
 
 def claim_job(session: Session, *, job_id: str) -> bool:
-    """queued → running for this job (the embedded executor runs it, or the workers' dispatch started); False
+    """queued → running for this job (its dispatch started); False
     when it was not queued (a concurrent cancel or claimer)."""
     now = utcnow()
     claimed = session.execute(

@@ -1,4 +1,5 @@
-"""Jobs on workers: each graph node of each item is one task on a transport (Celery, in ``workers/``).
+"""Node tasks: each graph node of each item is one task on a transport: Celery (``transport/celery_*``, consumed
+by ``workers/``) or the server's in-process queue (``transport/inprocess``, the embedded mode).
 
 PostgreSQL holds the truth (``node_tasks``: waiting counts, attempts, leases; ``node_results``: the values);
 the transport only carries ids. See ``dispatch`` (submission → first tasks), ``node_task`` (one node, the

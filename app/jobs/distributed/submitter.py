@@ -1,8 +1,8 @@
-"""The API process's side of distributed jobs: instead of running jobs (the embedded executor), it writes each
-submitted job's node rows after the submission committed (several jobs at once, so a 50,000-item job's rows do
-not hold a small job's back), refills the dispatch windows on every tick, and finishes cancelled jobs once their
-workers stopped. Cancelling stops dispatching at once: node tasks of a job that is not open neither run nor
-release their dependents, and the windows send nothing more of it."""
+"""The server's job dispatcher, for either transport: it writes each submitted job's node rows after the
+submission committed (several jobs at once, so a 50,000-item job's rows do not hold a small job's back),
+refills the dispatch windows on every tick, and finishes cancelled jobs once their nodes stopped. Cancelling
+stops dispatching at once: node tasks of a job that is not open neither run nor release their dependents, and
+the windows send nothing more of it."""
 
 from __future__ import annotations
 

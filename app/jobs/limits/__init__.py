@@ -4,7 +4,7 @@
 * :class:`ConcurrencySlots`: max concurrency as leased, renewable slots.
 * :class:`EndpointLimiter`: both around one request, built from an ``EndpointConfig``.
 
-No Celery here: workers and the embedded executor use the same limits.
+No Celery here: workers and the embedded mode use the same limits.
 """
 
 from app.jobs.limits.endpoint import EndpointLimiter, Permit, endpoint_id

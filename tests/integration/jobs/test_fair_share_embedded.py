@@ -1,4 +1,4 @@
-"""The embedded executor shares its items in flight by the same policy as the workers' dispatch windows: a small
+"""The embedded mode shares its node tasks in flight by the same policy as the workers' dispatch windows: a small
 job of another tenant goes ahead of a big job's queue, a more urgent job goes first, and a less urgent one waits.
 On PostgreSQL with a scripted LLM (50 ms a call); proven by counts, not by wall-clock bounds."""
 

@@ -1,4 +1,4 @@
-"""Node-at-a-time execution (what a distributed worker calls), and its interplay with the embedded executor."""
+"""Node-at-a-time execution (what a distributed worker calls), and its interplay with the embedded mode."""
 
 from __future__ import annotations
 

@@ -22,14 +22,14 @@ check_kombu()
 
 
 class RedisNotConfiguredError(RuntimeError):
-    """Celery needs Redis; without it the embedded executor runs jobs instead."""
+    """Celery needs Redis; without it the server runs the node tasks on its in-process queue instead."""
 
 
 def require_redis(settings: Settings) -> str:
     if not settings.redis_url:
         raise RedisNotConfiguredError(
             "no Redis configured: set INF_ENGINE_REDIS_URL (e.g. redis://127.0.0.1:6379/0) to run Celery "
-            "workers, beat or Flower; without it, `inf-engine serve` runs jobs on its embedded executor"
+            "workers, beat or Flower; without it, `inf-engine serve` runs jobs on its in-process queue"
         )
     return settings.redis_url
 
