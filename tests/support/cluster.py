@@ -21,7 +21,7 @@ import httpx
 from sqlalchemy import Engine, func, select
 
 from app.db import Item, create_db_engine, make_session_factory, session_scope
-from app.db.models import NodeTask
+from app.db.models import NodeResult, NodeTask
 from app.jobs.distributed import dispatch_job
 from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import dispatch_window, endpoints_of, node_policy
@@ -216,6 +216,19 @@ class Cluster:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last seen {view}; unfinished nodes: {self.unfinished(job_id)}") from None
         return view
+
+    def assert_exactly_once(self, job_id: str, items: int, nodes_per_item: int) -> None:
+        """The job completed with every item in exactly one terminal state (one place each in the completion
+        order) and every node stored exactly once: nothing lost, nothing done twice."""
+        view = self.view(job_id)
+        assert view["status"] == "completed", view
+        states = self.item_states(job_id)
+        assert len(states) == items and {s for _, s, _ in states} == {"completed"}
+        assert sorted(q or 0 for _, _, q in states) == list(range(1, items + 1))
+        with session_scope(make_session_factory(self.engine)) as session:
+            stored = session.scalar(select(func.count()).select_from(NodeResult).where(NodeResult.job_id == job_id))
+        assert stored == nodes_per_item * items
+        assert self.node_counts(job_id) == {"done": nodes_per_item * items}
 
     def unfinished(self, job_id: str) -> list[tuple[Any, ...]]:
         """The job's nodes not stored yet, for a failure message: (item, node, status, attempts, deadline)."""

@@ -34,12 +34,13 @@ def node_policy(settings: Settings) -> NodePolicy:
     )
 
 
-def endpoints_of(settings: Settings) -> Endpoints:
-    """Where aliases go: the resources file's endpoints, else the in-process engine of engine workers."""
+def endpoints_of(settings: Settings, defines: Callable[[str], bool | None] | None = None) -> Endpoints:
+    """Where aliases go: the resources file's endpoints, else the in-process engine of engine workers;
+    ``defines``: see :class:`Endpoints`."""
     config = (
         ResourceConfig.from_file(settings.resources_file) if settings.resources_file is not None else None
     )
-    return Endpoints(config, settings.model)
+    return Endpoints(config, settings.model, defines)
 
 
 REFILL_COALESCE_S = 0.1  # deliveries ending within this share one refill of the dispatch windows

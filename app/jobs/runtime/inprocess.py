@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.aio import wait_event
 from app.db import session_scope
 from app.db.direct import DirectPool
 from app.db.repository import node_tasks as tasks_repo
@@ -77,8 +76,7 @@ class InProcessJobs:
             log.info("resuming: %d node task(s) a previous run of this server left in flight are queued again",
                      taken_back)
         self.nodes.start()
-        endpoints = endpoints_of(settings)
-        endpoints.defines = getattr(self.resources_for, "defines", None)
+        endpoints = endpoints_of(settings, defines=getattr(self.resources_for, "defines", None))
         self.jobs = DistributedJobs(
             self.sessions, self.dispatcher, endpoints, events=self.events, policy=node_policy(settings),
             poll_interval=settings.jobs_poll_interval, window=self.worker.window,
@@ -137,9 +135,8 @@ class InProcessJobs:
             return tasks_repo.take_back_in_flight(session)
 
     async def _sweep_loop(self) -> None:
-        wake = asyncio.Event()  # never set: the loop only waits out the interval
         while True:
-            await wait_event(wake, self.settings.sweep_interval)
+            await asyncio.sleep(self.settings.sweep_interval)
             try:
                 await asyncio.to_thread(self._sweep)
             except Exception:  # the database may be briefly away: the next sweep tries again

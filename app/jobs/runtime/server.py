@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import create_db_engine, database_url, make_session_factory, session_scope
+from app.db import JobStatus, create_db_engine, database_url, make_session_factory, repository, session_scope
 from app.db.session import sqlite_path
 from app.jobs.distributed.events import JobEvents
 from app.jobs.distributed.trace import job_trace
@@ -161,8 +161,6 @@ class JobsRuntime:
         if self._sessions is None:
             return None
         with session_scope(self._sessions) as session:
-            from app.db import JobStatus, repository
-
             job = repository.get_job(session, job_id=job_id)
             if job is None or job.status not in (JobStatus.RUNNING, JobStatus.CANCELLING):
                 return None

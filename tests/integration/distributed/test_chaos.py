@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import make_session_factory, session_scope
-from app.db.models import NodeResult, NodeTask
+from app.db.models import NodeTask
 from tests.integration.distributed.conftest import MakeCluster
 from tests.support.cluster import Cluster, wait_until
 from tests.support.services import PrivatePostgres, PrivateRedis, private_postgres
@@ -30,16 +30,7 @@ def _completed_items(cluster: Cluster, job_id: str) -> int:
 
 
 def _assert_exactly_once(cluster: Cluster, job_id: str, items: int) -> None:
-    """Every item has exactly one terminal state, every node exactly one stored result: nothing lost."""
-    view = cluster.view(job_id)
-    assert view["status"] == "completed", view
-    states = cluster.item_states(job_id)
-    assert len(states) == items and {s for _, s, _ in states} == {"completed"}
-    assert sorted(q for _, _, q in states) == list(range(1, items + 1))  # one place each in completion order
-    with session_scope(make_session_factory(cluster.engine)) as session:
-        stored = session.scalar(select(func.count()).select_from(NodeResult).where(NodeResult.job_id == job_id))
-    assert stored == NODES_PER_ITEM * items
-    assert cluster.node_counts(job_id) == {"done": NODES_PER_ITEM * items}
+    cluster.assert_exactly_once(job_id, items, NODES_PER_ITEM)
 
 
 def _running_nodes(cluster: Cluster, job_id: str) -> int:

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import make_session_factory, session_scope
-from app.db.models import NodeResult, NodeTask
+from app.db.models import NodeTask
 from app.jobs.registry import configure_registry
 from app.jobs.runtime import JobsRuntime
 from app.settings import Settings
@@ -34,18 +34,6 @@ def _embedded_settings(cluster: Cluster) -> Settings:
 
 def _completed(cluster: Cluster, job_id: str) -> int:
     return int(cluster.view(job_id)["counts"]["completed"])
-
-
-def _assert_exactly_once(cluster: Cluster, job_id: str) -> None:
-    view = cluster.view(job_id)
-    assert view["status"] == "completed", view
-    states = cluster.item_states(job_id)
-    assert len(states) == ITEMS and {s for _, s, _ in states} == {"completed"}
-    assert sorted(q for _, _, q in states) == list(range(1, ITEMS + 1))  # each item finished once
-    with session_scope(make_session_factory(cluster.engine)) as session:
-        stored = session.scalar(select(func.count()).select_from(NodeResult).where(NodeResult.job_id == job_id))
-    assert stored == NODES_PER_ITEM * ITEMS
-    assert cluster.node_counts(job_id) == {"done": NODES_PER_ITEM * ITEMS}
 
 
 def _claimed(cluster: Cluster, job_id: str) -> int:
@@ -79,7 +67,7 @@ def test_a_job_started_embedded_is_finished_by_workers(cluster: Cluster) -> None
     cluster.start("beat")  # its sweeper sends what the stopped server had queued
     cluster.start_worker("finisher")
     cluster.wait(job_id, 180)
-    _assert_exactly_once(cluster, job_id)
+    cluster.assert_exactly_once(job_id, ITEMS, NODES_PER_ITEM)
     # calls cut short by the server's stop (at most its calls in flight) reach the endpoint twice; nothing else does
     in_flight_cap = cluster.settings.default_max_concurrent
     assert CALLS_PER_ITEM * ITEMS <= cluster.fake_stats()["total"] <= CALLS_PER_ITEM * ITEMS + in_flight_cap
@@ -94,6 +82,6 @@ def test_a_job_started_on_workers_is_finished_embedded_after_a_sigkill(cluster: 
     in_flight = _claimed(cluster, job_id)
     assert _completed(cluster, job_id) < ITEMS
     asyncio.run(_run_embedded_until(cluster, job_id, ITEMS))
-    _assert_exactly_once(cluster, job_id)
+    cluster.assert_exactly_once(job_id, ITEMS, NODES_PER_ITEM)
     duplicates = cluster.fake_stats()["total"] - CALLS_PER_ITEM * ITEMS
     assert 0 <= duplicates <= in_flight, (duplicates, in_flight)

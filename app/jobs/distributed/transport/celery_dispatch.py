@@ -14,8 +14,7 @@ from app.jobs.distributed.transport.queues import (
     PRIORITY_LEVELS,
     Queues,
     node_task_id,
-    priority_for,
-    queue_for,
+    route_node,
 )
 from app.pipeline.resources.config import EndpointConfig
 from app.settings import Settings
@@ -52,13 +51,7 @@ class CeleryDispatcher:
     def route(
         self, *, kind: str, endpoint: EndpointConfig | None, job_priority: int, depth: int
     ) -> tuple[str, int]:
-        queue = queue_for(
-            kind,
-            provider=endpoint.provider if endpoint is not None else None,
-            base_url=endpoint.base_url if endpoint is not None else None,
-            queues=self.queues,
-        )
-        return queue, priority_for(job_priority, depth)
+        return route_node(self.queues, kind=kind, endpoint=endpoint, job_priority=job_priority, depth=depth)
 
     def send(self, messages: Sequence[NodeMessage]) -> None:
         if not messages:

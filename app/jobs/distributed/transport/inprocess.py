@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from app.jobs.distributed.messages import NodeMessage
-from app.jobs.distributed.transport.queues import Queues, priority_for, queue_for
+from app.jobs.distributed.transport.queues import Queues, route_node
 from app.pipeline.resources.config import EndpointConfig
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,7 @@ class InProcessDispatcher:
     def route(
         self, *, kind: str, endpoint: EndpointConfig | None, job_priority: int, depth: int
     ) -> tuple[str, int]:
-        queue = queue_for(
-            kind,
-            provider=endpoint.provider if endpoint is not None else None,
-            base_url=endpoint.base_url if endpoint is not None else None,
-            queues=self.queues,
-        )
-        return queue, priority_for(job_priority, depth)
+        return route_node(self.queues, kind=kind, endpoint=endpoint, job_priority=job_priority, depth=depth)
 
     def send(self, messages: Sequence[NodeMessage]) -> None:
         if self._closed:
@@ -75,7 +69,7 @@ class InProcessDispatcher:
 
     def _due(self, message: NodeMessage) -> None:
         with self._lock:
-            self._timers = {t for t in self._timers if t.is_alive() and t is not threading.current_thread()}
+            self._timers.discard(threading.current_thread())  # type: ignore[arg-type]  # this timer fired
             if self._closed:
                 return
             self._push(message)

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.pipeline.resources.config import EndpointConfig
 
 NODE_KINDS = ("input", "op", "module", "llm")
 PRIORITY_LEVELS = 10  # Celery priority 0..9 on Redis (priority_steps)
@@ -86,6 +90,20 @@ def priority_for(job_priority: int, node_depth: int) -> int:
         raise ValueError(f"node_depth must be >= 0, got {node_depth}")
     level = BASE_LEVEL + int(job_priority) - min(node_depth, MAX_DEPTH_BOOST)
     return max(0, min(PRIORITY_LEVELS - 1, level))
+
+
+def route_node(
+    queues: Queues, *, kind: str, endpoint: EndpointConfig | None, job_priority: int, depth: int
+) -> tuple[str, int]:
+    """``(queue, priority)`` of a node of ``kind`` whose alias resolves to ``endpoint`` (None: no LLM): what every
+    transport's ``Dispatcher.route`` answers."""
+    queue = queue_for(
+        kind,
+        provider=endpoint.provider if endpoint is not None else None,
+        base_url=endpoint.base_url if endpoint is not None else None,
+        queues=queues,
+    )
+    return queue, priority_for(job_priority, depth)
 
 
 def node_task_id(job_id: str, item_id: str | int, node_id: str, attempt: int) -> str:
