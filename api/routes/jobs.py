@@ -187,7 +187,7 @@ async def _read_page(runtime: JobsRuntime, job_id: str, owner: str, cursor: int)
 def job_trace(job_id: str, runtime: Runtime, session: DbSession, owner: Owner) -> Response:
     """The job's Chrome Trace Event JSON (open it in Perfetto): live while the job runs in this server."""
     trace = service.stored_trace(session, job_id, owner)  # also checks that the job exists and is the caller's
-    live = runtime.live_trace(job_id)
+    live = runtime.live_trace(session, job_id)
     if live is not None:
         trace = live
     if trace is None:

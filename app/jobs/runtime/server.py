@@ -156,12 +156,11 @@ class JobsRuntime:
         if self.distributed is not None:
             self.distributed.wake()
 
-    def live_trace(self, job_id: str) -> dict[str, Any] | None:
-        """The running job's trace so far, from its node rows (a finished job's is stored when it ends)."""
-        if self._sessions is None:
+    @staticmethod
+    def live_trace(session: Session, job_id: str) -> dict[str, Any] | None:
+        """The running job's trace so far, from its node rows (a finished job's is stored when it ends). On the
+        caller's session: a second transaction beside the route's would wait on SQLite's write lock."""
+        job = repository.get_job(session, job_id=job_id)
+        if job is None or job.status not in (JobStatus.RUNNING, JobStatus.CANCELLING):
             return None
-        with session_scope(self._sessions) as session:
-            job = repository.get_job(session, job_id=job_id)
-            if job is None or job.status not in (JobStatus.RUNNING, JobStatus.CANCELLING):
-                return None
-            return job_trace(session, job_id)
+        return job_trace(session, job_id)
