@@ -20,6 +20,7 @@ from api.errors import install_error_handlers
 from api.middleware import RequestContextMiddleware, RequestGuardMiddleware
 from api.platform import jobs_dispatcher, platform_collector, platform_health_probe
 from api.routes import batches as batches_routes
+from api.routes.console import mount_console
 from api.routes import evaluations as evaluations_routes
 from api.routes import files as files_routes
 from api.routes import jobs as jobs_routes
@@ -82,6 +83,7 @@ def create_app(
     app.include_router(trainings_routes.router)
     app.include_router(evaluations_routes.router)
     app.include_router(ops.router)
+    mount_console(app)  # /console: the browser console (static pages over the /v1 API)
     # innermost first: the guard's 413s and 400s still pass CORS and get a request id and an access-log line
     app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_request_bytes)
     if settings.cors_origins:
