@@ -168,6 +168,8 @@ def advance_schedule(
         update(EvaluationSchedule)
         .where(EvaluationSchedule.id == schedule_id, EvaluationSchedule.next_fire_at < next_fire_at)
         .values(next_fire_at=next_fire_at, last_fire_at=fired_at, updated_at=utcnow())
+        # no in-session evaluation of the WHERE: SQLite hands back naive datetimes, next_fire_at is aware
+        .execution_options(synchronize_session=False)
     )
 
 
