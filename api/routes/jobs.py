@@ -15,9 +15,9 @@ from pydantic import AliasChoices, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import DbSession, Owner, Runtime, require_api_key
-from api.params import RequestBody, ResultsCursor
+from api.params import DB_INT_MAX, RequestBody, ResultsCursor
 from api.responses import JSONBytes, content_disposition, dumps
-from app.jobs import service
+from app.jobs import items, service
 from app.jobs.errors import InvalidJobInput, JobNotFound, PayloadTooLarge
 from app.jobs.runtime import JobsRuntime
 from app.jobs.submission import JobRequest, submit_job
@@ -115,15 +115,60 @@ def list_jobs(
     session: DbSession,
     owner: Owner,
     status: Annotated[str | None, Query(description="Only these statuses (comma-separated)")] = None,
+    pipeline: Annotated[str | None, Query(description="Only jobs of this pipeline (the name as submitted)")] = None,
     after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 20,
 ) -> Response:
-    return JSONBytes(service.list_job_views(session, owner=owner, status=status, after=after, limit=limit))
+    """The caller's jobs, newest first, each with its ``usage`` (tokens, cost, latency)."""
+    return JSONBytes(service.list_job_views(session, owner=owner, status=status, pipeline=pipeline, after=after,
+                                            limit=limit))
 
 
 @router.get("/jobs/{job_id}")
 def get_job(job_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(service.describe_job(session, job_id, owner))
+
+
+ItemStatusFilter = Annotated[str | None, Query(
+    description="Only items with these statuses (comma-separated: pending, running, completed, failed, cancelled)")]
+ItemSearch = Annotated[str | None, Query(
+    description="Only items whose custom_id, input, output or error contain this text (case-insensitive)")]
+ItemOrder = Annotated[str, Query(
+    description="'position' (input order) or 'failures_first' (failed, then cancelled, then the rest)")]
+
+
+@router.get("/jobs/{job_id}/items")
+def job_items(
+    job_id: str,
+    session: DbSession,
+    owner: Owner,
+    status: ItemStatusFilter = None,
+    q: ItemSearch = None,
+    order: ItemOrder = "position",
+    offset: Annotated[int, Query(ge=0, le=DB_INT_MAX, description="Matching items to skip")] = 0,
+    limit: Annotated[int, Query(ge=1, le=items.MAX_LIMIT)] = 50,
+) -> Response:
+    """A page of the job's items for a table: input, output or error, status and latency of each, and how many
+    items match the filters (``total``)."""
+    return JSONBytes(items.items_page(session, job_id, owner=owner, status=status, q=q, order=order,
+                                      offset=offset, limit=limit))
+
+
+@router.get("/jobs/{job_id}/items/export")
+def export_job_items(
+    job_id: str,
+    runtime: Runtime,
+    session: DbSession,
+    owner: Owner,
+    format: Annotated[str, Query(description="'jsonl' (the items view's rows) or 'csv'")] = "jsonl",
+    status: ItemStatusFilter = None,
+    q: ItemSearch = None,
+    order: ItemOrder = "position",
+) -> Response:
+    """Every matching item as a download, read from the database page by page as it streams."""
+    export = items.item_export(session, job_id, owner=owner, format=format, status=status, q=q, order=order)
+    return StreamingResponse(export.chunks(runtime.session), media_type=export.media_type,
+                             headers={"Content-Disposition": content_disposition(export.filename)})
 
 
 @router.post("/jobs/{job_id}/cancel")

@@ -35,9 +35,11 @@ def list_job_views(
     after: str | None = None,
     limit: int = 20,
     kind: str | None = "pipeline",
+    pipeline: str | None = None,
 ) -> dict[str, Any]:
-    """A page of jobs, newest first: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``.
-    ``status`` may name several statuses separated by commas; ``after`` is the previous page's ``last_id``."""
+    """A page of jobs, newest first: ``{"object": "list", "data", "first_id", "last_id", "has_more"}``, each
+    job with its ``usage`` as in the single-job view. ``status`` may name several statuses separated by commas;
+    ``pipeline`` is a pipeline name exactly as submitted; ``after`` is the previous page's ``last_id``."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidJobInput(f"limit must be between 1 and {MAX_PAGE}, not {limit}", param="limit")
     statuses = None
@@ -49,11 +51,13 @@ def list_job_views(
                 f"unknown status {', '.join(unknown)}; use one of {', '.join(s.value for s in JobStatus)}",
                 param="status",
             )
-    jobs = repository.list_jobs(session, owner=owner, statuses=statuses, after=after, limit=limit + 1, kind=kind)
+    jobs = repository.list_jobs(session, owner=owner, statuses=statuses, after=after, limit=limit + 1, kind=kind,
+                                pipeline=pipeline)
     page = jobs[:limit]
+    metrics = repository.job_metrics_of(session, job_ids=[job.id for job in page])  # one query for the page
     return {
         "object": "list",
-        "data": [job_view(job) for job in page],
+        "data": [job_view(job, metrics.get(job.id)) for job in page],
         "first_id": page[0].id if page else None,
         "last_id": page[-1].id if page else None,
         "has_more": len(jobs) > limit,

@@ -33,7 +33,7 @@ from app.db.repository.jobs import (
     request_cancel,
     set_job_error,
 )
-from app.db.repository.metrics import get_job_metrics, save_trace
+from app.db.repository.metrics import get_job_metrics, job_metrics_of, save_trace
 from app.db.repository.nodes import (
     count_node_results,
     get_node_result,
@@ -82,6 +82,7 @@ __all__ = [
     "graph_nodes",
     "insert_node_result",
     "insert_node_results",
+    "job_metrics_of",
     "jobs_with_status",
     "list_batches",
     "list_files",

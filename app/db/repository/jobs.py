@@ -62,13 +62,17 @@ def list_jobs(
     owner: str | None = None,
     statuses: Iterable[str] | None = None,
     kind: str | None = None,
+    pipeline: str | None = None,
     after: str | None = None,
     limit: int = 20,
 ) -> list[Job]:
-    """Newest first. Job ids grow with time, so ``after`` (the last id of the previous page) is the cursor."""
+    """Newest first. Job ids grow with time, so ``after`` (the last id of the previous page) is the cursor.
+    ``pipeline`` is the pipeline's name exactly as the jobs were submitted with it."""
     stmt = select(Job).order_by(Job.id.desc()).limit(limit)
     if owner is not None:
         stmt = stmt.where(Job.owner == owner)
+    if pipeline is not None:
+        stmt = stmt.where(Job.pipeline_name == pipeline)
     if statuses is not None:
         stmt = stmt.where(Job.status.in_(list(statuses)))
     if kind is not None:
