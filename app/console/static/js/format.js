@@ -86,3 +86,20 @@ export function doneOf(counts) {
   counts = counts || {};
   return [(counts.completed || 0) + (counts.failed || 0) + (counts.cancelled || 0), counts.total || 0];
 }
+
+/** An error value as one line: "Type: message (node X)" for the API's error objects, else as text. */
+export function errorText(e) {
+  if (e && typeof e === 'object' && typeof e.message === 'string') {
+    return `${e.type ? `${e.type}: ` : ''}${e.message}${e.node ? ` (node ${e.node})` : ''}`;
+  }
+  return valueText(e);
+}
+
+/** A loss or metric spec ({"type": "verifier", "check": "exact"}) in a few words. */
+export function lossText(loss) {
+  if (loss && typeof loss === 'object' && loss.type) {
+    const detail = loss.check || loss.metric || loss.name;
+    return detail ? `${loss.type} (${typeof detail === 'string' ? detail : valueText(detail)})` : loss.type;
+  }
+  return valueText(loss);
+}

@@ -59,6 +59,11 @@ export async function render(ctx) {
   }
 
   async function loadTrace() {
+    if (job && !job.started_at) { // nothing ran yet: the trace route would answer 404
+      replace(traceBody, h('p', { class: 'muted', 'data-testid': 'no-trace' }, 'No trace yet: the job has not started.'));
+      traceShownFor = job.status;
+      return;
+    }
     try {
       const trace = await api(`${base}/trace`, { signal: ctx.signal });
       if (!ctx.alive) return;
@@ -102,18 +107,18 @@ export async function render(ctx) {
           ['Input file', job.input_file_id],
           ['Metadata', job.metadata && Object.keys(job.metadata).length ? truncated(fmt.valueText(job.metadata), 120) : null],
         ], 'job-facts'),
-        job.error ? h('p', { class: 'error-text' }, `Error: ${fmt.valueText(job.error)}`) : null));
+        job.error ? h('p', { class: 'error-text' }, `Error: ${fmt.errorText(job.error)}`) : null));
   }
 
   function drawItems(page) {
     const rows = page.data.map((item) => h('tr', { 'data-testid': 'item-row', 'data-custom-id': item.custom_id,
       'data-status': item.status },
     td(fmt.number(item.position), 'num'),
-    td(item.custom_id, 'id'),
+    td(item.custom_id, 'cid'),
     td(badge(item.status), 'nowrap'),
     td(truncated(fmt.valueText(item.input)), 'text'),
     td(item.status === 'failed' || item.error
-      ? h('span', { class: 'error-text' }, truncated(fmt.valueText(item.error)))
+      ? h('span', { class: 'error-text' }, truncated(fmt.errorText(item.error)))
       : truncated(fmt.valueText(item.output)), 'text'),
     td(fmt.ms(item.latency_ms), 'num'),
     td(fmt.time(item.finished_at), 'nowrap')));
