@@ -11,7 +11,7 @@ from pydantic import AliasChoices, ConfigDict, Field
 from api.deps import DbSession, Learning, Owner, learning_runtime, require_api_key
 from api.params import DB_INT_MAX, RequestBody
 from api.responses import JSONBytes
-from app.jobs.learning import evaluations
+from app.jobs.learning import evaluations, examples
 from app.jobs.learning.common import MAX_PAGE
 
 # every route starts the learning executor (it resumes the runs a previous server left)
@@ -105,6 +105,25 @@ def list_evaluations(
 @router.get("/evaluations/{evaluation_id}")
 def get_evaluation(evaluation_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(evaluations.describe_evaluation(session, evaluation_id, owner))
+
+
+@router.get("/evaluations/{evaluation_id}/examples")
+def evaluation_examples(
+    evaluation_id: str,
+    session: DbSession,
+    owner: Owner,
+    baseline: Annotated[str | None, Query(description="Another evaluation's id: each example beside its result "
+                                                      "there (paired by index)")] = None,
+    order: Annotated[str, Query(description="'index' (dataset order) or 'regressions' (largest score drop "
+                                            "against the baseline first)")] = "index",
+    below: Annotated[float | None, Query(description="Only examples scored below this")] = None,
+    offset: Annotated[int, Query(ge=0, le=DB_INT_MAX)] = 0,
+    limit: Annotated[int, Query(ge=1, le=examples.MAX_LIMIT)] = 50,
+) -> Response:
+    """The evaluation example by example: input, target, output, score, feedback and error, and with
+    ``baseline`` that evaluation's output and score for the same example and the difference (``delta``)."""
+    return JSONBytes(examples.compare_examples(session, evaluation_id, owner=owner, baseline=baseline, order=order,
+                                               below=below, offset=offset, limit=limit))
 
 
 @router.post("/evaluations/{evaluation_id}/cancel")

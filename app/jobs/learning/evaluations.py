@@ -15,6 +15,7 @@ the previous scored run's by more than the schedule's margin.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from app.db import repository, session_scope, to_unix, utcnow
 from app.db.optimization_models import RUN_TERMINAL, Evaluation, EvaluationSchedule, RunStatus
 from app.db.repository import learning as repo
 from app.db.repository import runs
-from app.jobs.encoding import storable
+from app.jobs.encoding import storable, to_jsonable
 from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
 from app.jobs.ids import new_evaluation_id, new_schedule_id
 from app.jobs.learning.common import (
@@ -50,6 +51,8 @@ from app.pipeline.optimization import evaluate
 log = logging.getLogger(__name__)
 
 CHUNK = 32  # examples evaluated concurrently between two progress updates
+#: an example's stored output is cut to this many characters of JSON: a run's details stay one modest row
+MAX_OUTPUT_CHARS = 16_000
 
 
 @dataclass
@@ -111,6 +114,7 @@ def evaluation_view(row: Evaluation, *, details: bool = False) -> dict[str, Any]
         "loss": request.get("loss"),
         "metadata": request.get("metadata") or {},
         "parameter_version": row.parameter_version,
+        "dataset": dataset_view(row),
         "schedule_id": row.schedule_id,
         "fire_time": to_unix(row.fire_time),
         "progress": {"completed_examples": row.completed_examples, "total_examples": row.total_examples},
@@ -124,6 +128,30 @@ def evaluation_view(row: Evaluation, *, details: bool = False) -> dict[str, Any]
         view["scores"] = row.scores
         view["details"] = row.details
     return view
+
+
+def dataset_view(row: Evaluation) -> dict[str, Any]:
+    """Where the evaluation's examples come from: ``{"source": "inline" | "file" | "registered", "file_id",
+    "name", "examples"}`` (the count: the inline list's length, else the examples the run found)."""
+    dataset = (row.request or {}).get("dataset")
+    view: dict[str, Any] = {"source": "inline", "file_id": None, "name": None, "examples": row.total_examples}
+    if isinstance(dataset, list):
+        view["examples"] = len(dataset)
+    elif isinstance(dataset, dict) and isinstance(dataset.get("file_id"), str):
+        view.update(source="file", file_id=dataset["file_id"])
+    elif isinstance(dataset, dict) and isinstance(dataset.get("name"), str):
+        view.update(source="registered", name=dataset["name"])
+    return view
+
+
+def stored_output(value: Any) -> Any:
+    """An example's output as its evaluation keeps it: plain JSON, or, past MAX_OUTPUT_CHARS characters, the
+    start of its JSON text marked as cut."""
+    output = to_jsonable(value)
+    text = json.dumps(output, ensure_ascii=False, default=str)
+    if len(text) <= MAX_OUTPUT_CHARS:
+        return output
+    return f"{text[:MAX_OUTPUT_CHARS]}... [cut: {len(text)} characters]"
 
 
 def describe_evaluation(session: Session, evaluation_id: str, owner: str | None = None) -> dict[str, Any]:
@@ -284,12 +312,14 @@ class EvaluationRun(SupervisedRun):
         resources = endpoints_for(self.resources_for, pipeline_aliases(module) + loss_built.aliases)
         scores: list[float | None] = []
         feedback: list[str | None] = []
+        outputs: list[Any] = []
         errors: dict[str, str] = {}
         for start in range(0, len(examples), self.chunk):
             result = await evaluate(module, examples[start:start + self.chunk], loss_built.loss,
                                     resources=resources, max_concurrent=request.get("max_concurrent"))
             scores.extend(result.scores)
             feedback.extend(f.content if f is not None else None for f in result.feedback)
+            outputs.extend(stored_output(value) for value in result.outputs)
             errors.update({str(start + i): message for i, message in result.errors.items()})
             await asyncio.to_thread(self._progress, start + len(result.scores))
         scored = any(s is not None for s in scores)
@@ -298,7 +328,8 @@ class EvaluationRun(SupervisedRun):
         score = sum(known) / len(known) if scored and known else None
         await asyncio.to_thread(self._finish, RunStatus.COMPLETED, {
             "score": score, "scores": scores,
-            "details": storable({"feedback": feedback, "errors": errors, "failures": len(errors)}),
+            "details": storable({"feedback": feedback, "errors": errors, "failures": len(errors),
+                                 "outputs": outputs}),
         })
 
     # -- database steps (worker threads) ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 from app.pipeline.optimization.feedback import Feedback
 from app.pipeline.optimization.loss import Loss
 from app.pipeline.optimization.optimizer import Optimizer, ParameterUpdate
+from app.pipeline.record import split_output
 from app.pipeline.resources.errors import ConfigurationError
 
 
@@ -64,6 +65,7 @@ class EvaluationResult:
     scores: list[float | None]
     feedback: list[Feedback | None]
     errors: dict[int, str] = field(default_factory=dict)  # example index -> what went wrong
+    outputs: list[Any] = field(default_factory=list)  # each example's output value (None where it failed)
 
     @property
     def failures(self) -> int:
@@ -202,7 +204,8 @@ async def evaluate(
     scores: list[float | None] = [f.score if f is not None else None for f in per]
     any_score = any(s is not None for s in scores)
     counted = [0.0 if i in errors else s for i, s in enumerate(scores)] if any_score else scores
-    return EvaluationResult(_mean(counted), scores, per, errors)
+    values = [None if isinstance(out, BaseException) else split_output(out)[0] for out in outputs]
+    return EvaluationResult(_mean(counted), scores, per, errors, values)
 
 
 async def train(

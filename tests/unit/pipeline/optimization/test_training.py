@@ -127,6 +127,7 @@ class TestEvaluate:
         assert result.score == pytest.approx(1 / 3)
         assert result.failures == 1 and "crashed" in result.errors[1]
         assert result.to_dict()["feedback"][0] == "Output passed verification."
+        assert result.outputs == ["APPLE", None, "BRICK"]  # each example's output value, None where it failed
 
     async def test_keyword_inputs(self) -> None:
         lm = AliasLM({"task": lambda r: str(r.prompt)})
