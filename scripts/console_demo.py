@@ -49,9 +49,14 @@ WORDS = ("Great", "Lovely", "Broke", "Awful", "solid", "battery", "screen", "sup
 
 
 def demo_reply(alias: str, request: LLMRequest) -> str:
-    """The training tests' scripted classifier, except that a review mentioning 'explode' fails its call."""
+    """The training tests' scripted classifier, except that a review mentioning 'explode' fails its call; the
+    Batch API's requests (alias ``batch``) are greeted, and three of them fail."""
     if "explode" in str(request.prompt):
         raise ValueError("the scripted model refuses this review (it mentions 'explode')")
+    if alias == "batch":  # the Batch API's chat completions: one request in four fails
+        if "#3" in str(request.prompt) or "#7" in str(request.prompt) or "#11" in str(request.prompt):
+            raise ValueError("the scripted model does not greet odd numbers ending in 3, 7 or 11")
+        return "Hello! " + str(request.prompt)[-40:]
     return scripted(alias, request)
 
 
