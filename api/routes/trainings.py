@@ -84,7 +84,13 @@ def cancel_training(training_id: str, runtime: Learning, session: DbSession, own
     return JSONBytes(view)
 
 
-# -- parameter versions -----------------------------------------------------------------------------------------
+# -- pipelines and their parameter versions ---------------------------------------------------------------------
+@router.get("/pipelines")
+def list_pipelines(session: DbSession, owner: Owner) -> Response:
+    """The pipelines this server runs, each with the caller's active parameter version and how many it has."""
+    return JSONBytes(parameters.list_pipelines(session, owner=owner))
+
+
 @router.get("/pipelines/{name}/parameters/versions")
 def list_versions(name: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(parameters.list_versions(session, name, owner=owner))

@@ -49,6 +49,7 @@ from app.db.repository.pipelines import (
     get_pipeline_by_name,
     graph_nodes,
     parameter_versions,
+    pipelines_with_versions,
     record_graph,
 )
 
@@ -92,6 +93,7 @@ __all__ = [
     "node_values",
     "open_item_ids",
     "parameter_versions",
+    "pipelines_with_versions",
     "record_graph",
     "request_cancel",
     "results_after",

@@ -86,6 +86,18 @@ def add_parameter_version(
     return version
 
 
+def pipelines_with_versions(session: Session, *, owner: str) -> list[tuple[Pipeline, int]]:
+    """The tenant's pipeline rows, each with how many parameter versions it has, in one query."""
+    stmt = (
+        select(Pipeline, func.count(ParameterVersion.id))
+        .outerjoin(ParameterVersion, ParameterVersion.pipeline_id == Pipeline.id)
+        .where(Pipeline.owner == owner)
+        .group_by(Pipeline.id)
+        .order_by(Pipeline.name)
+    )
+    return [(row[0], int(row[1])) for row in session.execute(stmt)]
+
+
 def parameter_versions(session: Session, *, pipeline_id: int) -> list[ParameterVersion]:
     stmt = (
         select(ParameterVersion)

@@ -13,6 +13,7 @@ from app.db import ParameterVersion, Pipeline, repository, to_unix
 from app.db.repository import learning as repo
 from app.jobs.errors import JobNotFound
 from app.jobs.learning.common import find_pipeline
+from app.jobs.registry import current_registry
 
 
 def version_view(row: ParameterVersion, pipeline: Pipeline) -> dict[str, Any]:
@@ -32,6 +33,20 @@ def version_view(row: ParameterVersion, pipeline: Pipeline) -> dict[str, Any]:
         "updates": meta.get("updates") or [],
         "created_at": to_unix(row.created_at),
     }
+
+
+def list_pipelines(session: Session, *, owner: str) -> dict[str, Any]:
+    """The pipelines the operator registered (what a request may name), each with the tenant's active parameter
+    version (null before any) and how many versions it has stored; another tenant's versions never show."""
+    registry = current_registry()
+    rows = {row.name: (row, count) for row, count in repository.pipelines_with_versions(session, owner=owner)}
+    data = []
+    for name in registry.pipeline_names():
+        row, count = rows.get(registry.pipeline_path(name), (None, 0))
+        data.append({"object": "pipeline", "name": name,
+                     "active_version": (row.parameter_version or None) if row is not None else None,
+                     "versions": count})
+    return {"object": "list", "data": data}
 
 
 def list_versions(session: Session, name: str, *, owner: str) -> dict[str, Any]:

@@ -118,6 +118,8 @@ def test_every_resource_belongs_to_its_tenant(clients: tuple[Client, Client]) ->
 
     _invisible(b, [
         f"/v1/jobs/{job['id']}", f"/v1/jobs/{job['id']}/results", f"/v1/jobs/{job['id']}/trace",
+        f"/v1/jobs/{job['id']}/items", f"/v1/jobs/{job['id']}/items/export",
+        f"/v1/evaluations/{evaluation['id']}/examples",
         f"/v1/files/{data_file}", f"/v1/files/{data_file}/content", f"/v1/batches/{batch['id']}",
         f"/v1/evaluations/{evaluation['id']}", f"/v1/evaluations/schedules/{schedule['id']}",
         f"/v1/evaluations/schedules/{schedule['id']}/runs", f"/v1/trainings/{human['id']}",
