@@ -16,16 +16,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from api.docs import mount_docs
 from api.errors import install_error_handlers
 from api.middleware import RequestContextMiddleware, RequestGuardMiddleware
 from api.platform import jobs_dispatcher, platform_collector, platform_health_probe
 from api.routes import batches as batches_routes
-from api.routes.console import mount_console
 from api.routes import evaluations as evaluations_routes
 from api.routes import files as files_routes
 from api.routes import jobs as jobs_routes
 from api.routes import ops
 from api.routes import trainings as trainings_routes
+from api.routes.console import mount_console
 from api.routes.openai import extras, v1
 from app.jobs.learning.runtime import LearningRuntime
 from app.jobs.registry import configure_registry
@@ -84,6 +85,7 @@ def create_app(
     app.include_router(evaluations_routes.router)
     app.include_router(ops.router)
     mount_console(app)  # /console: the browser console (static pages over the /v1 API)
+    mount_docs(app)  # /docs and /redoc, from the console's vendored bundles (nothing fetched elsewhere)
     # innermost first: the guard's 413s and 400s still pass CORS and get a request id and an access-log line
     app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_request_bytes)
     if settings.cors_origins:
