@@ -44,6 +44,15 @@ from tests.support.training import DATASET, scripted  # noqa: E402
 
 KEYS = {"acme": "sk-demo-acme", "globex": "sk-demo-globex"}
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
+# the evaluations' examples: the training's four, and six more, two of them labelled against what the scripted
+# classifier answers (so even the trained version misses some)
+EVAL_SET = [*DATASET,
+            {"input": "Lovely colours, solid build", "target": "positive"},
+            {"input": "Stopped charging, awful", "target": "negative"},
+            {"input": "Great price and fast delivery", "target": "positive"},
+            {"input": "Never buying this brand again", "target": "negative"},
+            {"input": "Great idea, terrible execution", "target": "negative"},
+            {"input": "Not bad at all, I like it", "target": "positive"}]
 WORDS = ("Great", "Lovely", "Broke", "Awful", "solid", "battery", "screen", "support", "delivery", "price", "case",
          "camera", "speaker", "charger", "cable", "manual", "refund", "colour", "weight", "sound")
 
@@ -164,13 +173,13 @@ def seed(client: httpx.Client, runtime: JobsRuntime, items: int, other: httpx.Cl
     say("evaluations of version 1 and version 2")
     made["evaluations"] = []
     for version in (1, 2):
-        evaluation = check(client.post("/v1/evaluations", json={"pipeline": "sentiment", "dataset": DATASET,
+        evaluation = check(client.post("/v1/evaluations", json={"pipeline": "sentiment", "dataset": EVAL_SET,
                                                                 "metric": "exact", "version": version}), 201)
         made["evaluations"].append(wait(client, f"/v1/evaluations/{evaluation['id']}")["id"])
 
     say("a schedule fired five times (the fourth run regresses)")
     schedule = check(client.post("/v1/evaluations/schedules", json={
-        "pipeline": "sentiment", "dataset": DATASET, "metric": "exact", "cron": "@daily", "margin": 0.1}), 201)
+        "pipeline": "sentiment", "dataset": EVAL_SET, "metric": "exact", "cron": "@daily", "margin": 0.1}), 201)
     made["schedule"] = schedule["id"]
     for day, version in enumerate((1, 2, 2, 1, 2), start=1):
         check(client.post(f"/v1/pipelines/sentiment/parameters/versions/{version}/activate"))
@@ -209,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--keys", action="store_true", help="two tenants with API keys (else an open server)")
     parser.add_argument("--items", type=int, default=400, help="items of the big job")
-    parser.add_argument("--live", type=int, default=3000,
+    parser.add_argument("--live", type=int, default=4000,
                         help="items of a last job left running when the seeding ends (0: none)")
     parser.add_argument("--latency", type=float, default=0.15, help="the longest scripted LLM call, in seconds")
     parser.add_argument("--data-dir", type=Path, help="keep the server's state here (default: a temporary folder)")

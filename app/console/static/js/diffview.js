@@ -19,7 +19,7 @@ export async function wordDiff(before, after, attrs = {}) {
     else if (part.removed) box.append(h('del', {}, part.value));
     else box.append(part.value);
   }
-  if (a === b) box.append(h('span', { class: 'muted' }, a ? '' : '(empty on both sides)'));
+  if (a === b) box.append(h('span', { class: 'muted' }, a ? ' (identical)' : '(empty on both sides)'));
   return box;
 }
 

@@ -105,16 +105,25 @@ export function facts(pairs, testid) {
   return dl;
 }
 
-/** Runs fn (which re-renders part of the page) and puts the focus back on the element with the same
- *  data-key, so polling does not steal the keyboard focus. */
+/** Runs fn (which re-renders part of the page) and puts the keyboard focus back where it was: on the element
+ *  with the same data-key, or the link with the same href (polling must not steal the focus). */
 export function keepFocus(fn) {
   const active = document.activeElement;
-  const key = active && active.dataset ? active.dataset.key : null;
+  let selector = null;
+  if (active && active.dataset && active.dataset.key) selector = `[data-key="${CSS.escape(active.dataset.key)}"]`;
+  else if (active && active.tagName === 'A') selector = `a[href="${CSS.escape(active.getAttribute('href'))}"]`;
   fn();
-  if (key && !document.contains(active)) {
-    const again = document.querySelector(`[data-key="${CSS.escape(key)}"]`);
-    if (again) again.focus();
+  if (selector && !document.contains(active)) {
+    const again = document.querySelector(selector);
+    if (again) again.focus({ preventScroll: true });
   }
+}
+
+/** Puts a table in slot, or only new rows in the table already there (its scroll position and the page's stay). */
+export function fillTable(slot, testid, columns, rows, caption) {
+  const existing = slot.querySelector(`table[data-testid="${testid}"]`);
+  if (existing) existing.tBodies[0].replaceChildren(...rows);
+  else replace(slot, table(testid, columns, rows, caption));
 }
 
 /** Prev / next buttons with a label between them. */

@@ -3,7 +3,7 @@
 // row is still live.
 
 import { api } from './api.js';
-import { h, keepFocus, pager, replace, table } from './dom.js';
+import { fillTable, h, keepFocus, pager, replace } from './dom.js';
 import { query, setQuery } from './router.js';
 
 const PAGE = 50;
@@ -16,7 +16,9 @@ export async function cursorList(ctx, options) {
   ctx.title(options.title);
   const state = { after: options.paged === false ? '' : query().after || '', stack: [] };
   if (state.after) state.stack.push('');
-  const body = h('div');
+  const tableSlot = h('div');
+  const pagerSlot = h('div');
+  const body = h('div', {}, tableSlot, pagerSlot);
   replace(ctx.page, h('div', { class: 'page-head' }, h('h1', {}, options.title)), options.intro || null, body);
   let view = null;
 
@@ -48,7 +50,8 @@ export async function cursorList(ctx, options) {
         go(view.last_id);
       },
     });
-    replace(body, table(options.testid, options.columns, rows, options.caption || options.title), paging);
+    fillTable(tableSlot, options.testid, options.columns, rows, options.caption || options.title);
+    replace(pagerSlot, paging);
   }
 
   function go(after) {

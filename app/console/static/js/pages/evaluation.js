@@ -5,7 +5,7 @@
 
 import { api } from '../api.js';
 import { legend, wordDiff } from '../diffview.js';
-import { badge, debounce, facts, h, keepFocus, labelled, link, pager, replace, section, table, td, truncated }
+import { badge, debounce, facts, fillTable, h, keepFocus, labelled, link, pager, replace, section, td, truncated }
   from '../dom.js';
 import * as fmt from '../format.js';
 import { query, setQuery } from '../router.js';
@@ -24,8 +24,10 @@ export async function render(ctx) {
     offset: Math.max(0, parseInt(q.offset, 10) || 0), open: null };
 
   const head = h('div');
-  const summary = h('div', { 'data-testid': 'compare-summary' });
-  const body = h('div');
+  const summary = h('div', { class: 'summary', 'data-testid': 'compare-summary' });
+  const tableSlot = h('div');
+  const pagerSlot = h('div');
+  const body = h('div', {}, tableSlot, pagerSlot);
   const baselineSelect = h('select', { name: 'baseline', 'data-testid': 'baseline-select' },
     h('option', { value: 'none' }, 'No baseline'));
   const regressions = h('input', { type: 'checkbox', name: 'regressions_first', checked: state.regressions,
@@ -114,7 +116,8 @@ export async function render(ctx) {
       const [deltaText, deltaClass] = fmt.delta(example.delta);
       const open = state.open === example.index;
       const toggle = h('button', { type: 'button', class: 'secondary', 'aria-expanded': String(open),
-        'data-key': `diff-${example.index}`, 'data-testid': 'diff-button' }, open ? 'Hide' : 'Diff');
+        'data-key': `diff-${example.index}`, 'data-testid': 'diff-button',
+        'aria-label': `${open ? 'Hide' : 'Show'} the diffs of example ${example.index}` }, open ? 'Hide' : 'Diff');
       const tr = h('tr', { 'data-testid': 'compare-row', 'data-index': example.index, class: open ? 'selected' : null,
         'data-delta': example.delta === null || example.delta === undefined ? 'none' : Math.sign(example.delta) },
       td(fmt.number(example.index), 'num'),
@@ -139,8 +142,8 @@ export async function render(ctx) {
         state.below !== '' ? 'No example scored below this threshold.' : 'No examples yet.')));
     }
     const pages = Math.max(1, Math.ceil((answer.total || 0) / PAGE));
-    replace(body, table('compare-table', COLUMNS, rows, 'Examples compared with the baseline'),
-      pager({ label: `Page ${Math.floor(state.offset / PAGE) + 1} of ${pages} · ${fmt.number(answer.total)} examples`,
+    fillTable(tableSlot, 'compare-table', COLUMNS, rows, 'Examples compared with the baseline');
+    replace(pagerSlot, pager({ label: `Page ${Math.floor(state.offset / PAGE) + 1} of ${pages} · ${fmt.number(answer.total)} examples`,
         hasPrev: state.offset > 0, hasNext: Boolean(answer.has_more), testid: 'examples-pager',
         onPrev: () => goto(Math.max(0, state.offset - PAGE)), onNext: () => goto(state.offset + PAGE) }));
   }

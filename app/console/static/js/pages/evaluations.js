@@ -11,7 +11,7 @@ const COLUMNS = ['Evaluation', 'Pipeline', { label: 'Version', class: 'num' }, '
 export function datasetText(dataset) {
   if (!dataset) return '—';
   if (typeof dataset !== 'object') return fmt.valueText(dataset);
-  const where = dataset.file_id ? `file ${dataset.file_id}` : dataset.source || 'inline';
+  const where = dataset.name || (dataset.file_id ? `file ${dataset.file_id}` : dataset.source || 'inline');
   return dataset.examples !== undefined && dataset.examples !== null ? `${where} · ${fmt.number(dataset.examples)} examples` : where;
 }
 

@@ -4,7 +4,7 @@
 
 import { api, download } from '../api.js';
 import { cancelJob } from '../actions.js';
-import { alertBox, badge, debounce, facts, h, keepFocus, labelled, pager, progress, replace, section, select, table,
+import { alertBox, badge, debounce, facts, fillTable, h, keepFocus, labelled, pager, progress, replace, section, select,
   td, truncated } from '../dom.js';
 import * as fmt from '../format.js';
 import { query, setQuery } from '../router.js';
@@ -24,7 +24,9 @@ export async function render(ctx) {
     offset: Math.max(0, parseInt(q.offset, 10) || 0) };
 
   const head = h('div');
-  const itemsBody = h('div');
+  const itemsTable = h('div');
+  const itemsPager = h('div');
+  const itemsBody = h('div', {}, itemsTable, itemsPager);
   const traceBody = h('div', { class: 'muted' }, 'Loading the trace…');
   const search = h('input', { type: 'search', name: 'q', value: state.q, placeholder: 'Text in id, input, output',
     autocomplete: 'off' });
@@ -128,8 +130,8 @@ export async function render(ctx) {
     }
     const pages = Math.max(1, Math.ceil(page.total / PAGE));
     const current = Math.floor(state.offset / PAGE) + 1;
-    replace(itemsBody, table('items-table', COLUMNS, rows, 'Items of the job'),
-      pager({ label: `Page ${current} of ${pages} · ${fmt.number(page.total)} items`, hasPrev: state.offset > 0,
+    fillTable(itemsTable, 'items-table', COLUMNS, rows, 'Items of the job');
+    replace(itemsPager, pager({ label: `Page ${current} of ${pages} · ${fmt.number(page.total)} items`, hasPrev: state.offset > 0,
         hasNext: page.has_more, testid: 'items-pager',
         onPrev: () => goto(Math.max(0, state.offset - PAGE)), onNext: () => goto(state.offset + PAGE) }));
   }

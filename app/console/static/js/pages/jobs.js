@@ -2,7 +2,7 @@
 // string), 50 a page with a cursor stack for Previous, live progress (polled while a job on the page runs), Cancel.
 
 import { api } from '../api.js';
-import { badge, debounce, h, keepFocus, labelled, link, pager, progress, replace, select, table, td } from '../dom.js';
+import { badge, debounce, fillTable, h, keepFocus, labelled, link, pager, progress, replace, select, td } from '../dom.js';
 import * as fmt from '../format.js';
 import { query, setQuery } from '../router.js';
 import { cancelJob } from '../actions.js';
@@ -23,7 +23,9 @@ export async function render(ctx) {
     placeholder: 'e.g. sentiment', autocomplete: 'off' });
   const filters = h('form', { class: 'controls', role: 'search', 'aria-label': 'Filter the jobs' },
     labelled('Status', statusSelect), labelled('Pipeline', pipelineInput));
-  const body = h('div', { 'aria-busy': 'true' });
+  const tableSlot = h('div');
+  const pagerSlot = h('div');
+  const body = h('div', {}, tableSlot, pagerSlot);
   replace(ctx.page, h('div', { class: 'page-head' }, h('h1', {}, 'Jobs')), filters, body);
 
   let view = null;
@@ -45,7 +47,6 @@ export async function render(ctx) {
   }
 
   function draw() {
-    body.removeAttribute('aria-busy');
     const rows = view.data.map((job) => row(job, reload, ctx));
     if (!rows.length) {
       const filtered = state.status || state.pipeline;
@@ -53,8 +54,8 @@ export async function render(ctx) {
         filtered ? 'No jobs match these filters.' : 'No jobs yet. Submit one with POST /v1/jobs.')));
     }
     const page = state.stack.length + 1;
-    replace(body, table('jobs-table', COLUMNS, rows, 'Jobs, newest first'),
-      pager({ label: `Page ${page}`, hasPrev: state.stack.length > 0, hasNext: view.has_more,
+    fillTable(tableSlot, 'jobs-table', COLUMNS, rows, 'Jobs, newest first');
+    replace(pagerSlot, pager({ label: `Page ${page}`, hasPrev: state.stack.length > 0, hasNext: view.has_more,
         onPrev: () => go(state.stack.pop() ?? ''), onNext: () => { state.stack.push(state.after); go(view.last_id); } }));
   }
 

@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import { legend, wordDiff } from '../diffview.js';
-import { h, keepFocus, labelled, link, replace, section, table, td, truncated } from '../dom.js';
+import { fillTable, h, keepFocus, labelled, link, replace, section, td, truncated } from '../dom.js';
 import * as fmt from '../format.js';
 import { query, setQuery } from '../router.js';
 
@@ -37,9 +37,9 @@ export async function render(ctx) {
     view = await api(base, { signal: ctx.signal });
     if (!ctx.alive) return;
     const versions = (view.data || []).slice().sort((a, b) => b.version - a.version);
-    keepFocus(() => replace(tableBox, table('versions-table', COLUMNS, versions.length ? versions.map(row)
+    keepFocus(() => fillTable(tableBox, 'versions-table', COLUMNS, versions.length ? versions.map(row)
       : [h('tr', {}, h('td', { class: 'empty', colspan: COLUMNS.length }, 'No stored versions yet.'))],
-    'Parameter versions, newest first')));
+    'Parameter versions, newest first'));
     fillSelects(versions);
     await drawDiff();
   }

@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import { chartLegend, scoreChart } from '../chart.js';
-import { badge, facts, h, keepFocus, link, replace, section, table, td, truncated } from '../dom.js';
+import { badge, facts, fillTable, h, keepFocus, link, replace, section, td, truncated } from '../dom.js';
 import * as fmt from '../format.js';
 import { navigate } from '../router.js';
 
@@ -40,9 +40,9 @@ export async function render(ctx) {
   let shown = '';
   async function draw(view) {
     const data = view.data || [];
-    keepFocus(() => replace(runsBox, table('runs-table', COLUMNS, data.length ? data.map(runRow) : [h('tr', {},
+    keepFocus(() => fillTable(runsBox, 'runs-table', COLUMNS, data.length ? data.map(runRow) : [h('tr', {},
       h('td', { class: 'empty', colspan: COLUMNS.length }, 'No runs yet: the schedule has not fired.'))],
-    'Runs of the schedule, oldest first')));
+    'Runs of the schedule, oldest first'));
     const regressed = data.filter((r) => r.regressed).length;
     const fingerprint = JSON.stringify(data.map((r) => [r.id, r.score, r.regressed]));
     if (fingerprint === shown) return; // nothing new to plot
