@@ -1,6 +1,7 @@
 """The pipeline framework: PyTorch-like modules for LLM pipelines, traced into graphs and run concurrently."""
 
 from app.pipeline import functional
+from app.pipeline.demonstrations import Demonstrations
 from app.pipeline.execution import (
     BatchResult,
     Checkpoint,
@@ -62,6 +63,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointManager",
     "ConfigurationError",
+    "Demonstrations",
     "EndpointConfig",
     "ExecutionError",
     "ExecutionSettings",

@@ -7,11 +7,12 @@ the one ``app.pipeline.optimization`` installs with ``install_backward``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
+from app.pipeline.demonstrations import Demonstrations
 from app.pipeline.module import Module
 from app.pipeline.parameter import Parameter
 from app.pipeline.values import ValueKind
@@ -104,11 +105,17 @@ class LLMInference(Module):
 
     Every LLM output's meta carries the calls as ``tool_calls`` when there were any (so a plain call given
     ``tools`` at call time, as the Batch API does, still reports them).
+
+    ``demos`` (a :class:`Demonstrations` parameter, or a plain list of ``{"input", "output"}`` dicts, which is
+    frozen) are sent as user/assistant turns between the system prompt and the input, in order; an optimizer
+    adds an empty learnable one to a call that has none with :meth:`attach_demos`.
     """
 
     graph_node_kind: ClassVar[str] = "llm"  # how a traced graph classifies its nodes
+    attachable_parameters: ClassVar[frozenset[str]] = frozenset({"demos"})
 
     is_leaf = True
+    demos: Demonstrations | None
 
     def __init__(
         self,
@@ -119,6 +126,7 @@ class LLMInference(Module):
         response_format: type | None = None,
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
+        demos: Demonstrations | Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         if not alias or not isinstance(alias, str):
@@ -138,6 +146,35 @@ class LLMInference(Module):
             self.system_prompt = Parameter(
                 system_prompt, description=f"System prompt of the LLM call (alias {alias!r})", requires_grad=False
             )
+        # like the system prompt: a Demonstrations is used as given, a plain list is frozen; None adds no parameter,
+        # so the state of a call without demonstrations stays what it was
+        if demos is None or isinstance(demos, Demonstrations):
+            self.demos = demos
+        else:
+            self.demos = Demonstrations(demos, description=self._demos_description(), requires_grad=False)
+
+    def _demos_description(self) -> str:
+        where = f"{self._path()!r} " if self._parent is not None else ""
+        return (
+            f"Few-shot demonstrations of the LLM call {where}(alias {self.alias!r}): example inputs, each with "
+            "the exact answer the call should give, shown to the model before its real input"
+        )
+
+    def attach_demos(self) -> Demonstrations:
+        """This call's demonstrations, after adding an empty learnable list if it has none (what an optimizer
+        searches on every call of a pipeline; stored as ``<path>.demos`` in the pipeline's state)."""
+        if self.demos is None:
+            self.demos = Demonstrations([], description=self._demos_description())
+        return self.demos
+
+    def attach_parameter(self, name: str) -> Parameter:
+        if name == "demos":
+            return self.attach_demos()
+        return super().attach_parameter(name)
+
+    def demo_messages(self) -> list[dict[str, str]]:
+        """The chat turns the demonstrations add between the system prompt and the input (none without)."""
+        return self.demos.messages() if self.demos is not None else []
 
     def node_config(self) -> dict[str, Any]:
         fmt = self.response_format
@@ -148,9 +185,11 @@ class LLMInference(Module):
             "max_tokens": self.max_tokens,
             "response_format": f"{fmt.__module__}:{fmt.__qualname__}" if fmt is not None else None,
         }
-        # only when set: the graph hashes of calls without tools stay what they were
+        # only when set: the graph hashes of calls without tools or demonstrations stay what they were
         if self.tools:
             config["tools"] = self.tools
+        if self.demos is not None and self.demos.value:
+            config["demos"] = self.demos.value
         if self.tool_choice is not None:
             config["tool_choice"] = self.tool_choice
         return config

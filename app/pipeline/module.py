@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from app.pipeline.context import get_active_tracer
 from app.pipeline.parameter import Parameter
@@ -41,6 +41,8 @@ class Module:
 
     #: a composite is traced through; a leaf is recorded as one node. None: leaf iff it has no child modules.
     is_leaf: bool | None = None
+    #: parameters this kind of module can add on demand (``attach_parameter``), e.g. an LLM call's ``demos``
+    attachable_parameters: ClassVar[frozenset[str]] = frozenset()
 
     _modules: dict[str, Module]
     _parameters: dict[str, Parameter]
@@ -148,9 +150,16 @@ class Module:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         params = dict(self.named_parameters())
-        unknown = sorted(set(state) - set(params))
+        missing = [name for name in state if name not in params]
+        attach = {name: self._attach_point(name) for name in missing}
+        unknown = sorted(name for name, point in attach.items() if point is None)
         if unknown:
             raise KeyError(f"unknown parameter(s) {unknown}; this module has {sorted(params)}")
+        # a state saved after an optimizer attached parameters (demonstrations) restores them on a fresh instance
+        for point in attach.values():
+            if point is not None:
+                point[0].attach_parameter(point[1])
+        params = dict(self.named_parameters()) if missing else params
         for name, value in state.items():
             param = params[name]
             if param.value != value:
@@ -158,6 +167,22 @@ class Module:
                 owner = param._parent
                 if owner is not None:
                     owner._bump_state_version()
+
+    def attach_parameter(self, name: str) -> Parameter:
+        """Add the parameter ``name`` that this kind of module may carry without declaring it (listed in
+        ``attachable_parameters``) and return it; a module that already has it returns its own."""
+        raise KeyError(f"{type(self).__name__} cannot attach a parameter named {name!r}")
+
+    def _attach_point(self, name: str) -> tuple[Module, str] | None:
+        """``(module, attribute)`` where a state key names an attachable parameter the module lacks, else None."""
+        path, _, attr = name.rpartition(".")
+        try:
+            owner = self.get_submodule(path)
+        except AttributeError:
+            return None
+        if attr in owner.attachable_parameters and attr not in owner._parameters:
+            return owner, attr
+        return None
 
     def train(self, mode: bool = True) -> Self:
         for module in self.modules():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Callable
 from typing import Any
 
+from app.pipeline.demonstrations import as_text
 from app.pipeline.execution.state import ExecutionState
 from app.pipeline.graph import GraphNode, OpNode
 from app.pipeline.resources.errors import ConfigurationError
@@ -47,9 +47,7 @@ def _prompt_of(value: Any) -> str | list[dict[str, Any]]:
         return payload
     if isinstance(payload, list) and all(isinstance(m, dict) and "role" in m for m in payload):
         return payload
-    if isinstance(payload, dict | list):
-        return json.dumps(payload, ensure_ascii=False, sort_keys=True, default=str)
-    return str(payload)
+    return as_text(payload)  # as a demonstration's input is rendered, so that demonstrations read like the input
 
 
 def build_request(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMRequest:
@@ -58,8 +56,12 @@ def build_request(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     prompt = args[0] if args else kwargs["prompt"]
     options = {k: unwrap(v) for k, v in kwargs.items() if k in _REQUEST_FIELDS}
     system = module.system_prompt.value if module.system_prompt is not None else None
+    text = _prompt_of(prompt)
+    demos = module.demo_messages() if hasattr(module, "demo_messages") else []
+    if demos:  # the demonstrations' turns, then the real input (LLMRequest puts the system prompt first)
+        text = [*demos, *(text if isinstance(text, list) else [{"role": "user", "content": text}])]
     return LLMRequest(
-        prompt=_prompt_of(prompt),
+        prompt=text,
         system_prompt=str(system) if system else None,
         temperature=options.pop("temperature", module.temperature),
         max_tokens=options.pop("max_tokens", module.max_tokens),

@@ -16,6 +16,12 @@ from app.pipeline.execution.executor import ForwardRecord
 from app.pipeline.llm import install_backward
 from app.pipeline.optimization.backward import llm_backward
 from app.pipeline.optimization.contrast import RubricLevel
+from app.pipeline.optimization.demos import (
+    DemoCandidate,
+    attach_demonstrations,
+    candidates_from_examples,
+    candidates_from_traces,
+)
 from app.pipeline.optimization.feedback import Feedback, FeedbackType, combine_feedback, install_propagation
 from app.pipeline.optimization.human import (
     CallbackFeedbackSource,
@@ -32,7 +38,7 @@ from app.pipeline.optimization.human import (
 )
 from app.pipeline.optimization.judges import LLMJudge, LLMPreferenceLoss, LLMRankingLoss, LLMRubricLoss
 from app.pipeline.optimization.llm import JudgeResponseError
-from app.pipeline.optimization.loss import CompositeLoss, Loss, VerifierLoss
+from app.pipeline.optimization.loss import CompositeLoss, Loss, VerifierLoss, field_match
 from app.pipeline.optimization.optimizer import Optimizer, ParameterUpdate, SFAOptimizer
 from app.pipeline.optimization.propagation import BackwardPass, BackwardReport, propagate
 from app.pipeline.optimization.training import (
@@ -58,6 +64,7 @@ __all__ = [
     "CallbackFeedbackSource",
     "CompositeLoss",
     "ConsoleFeedbackSource",
+    "DemoCandidate",
     "EpochSummary",
     "EvaluationResult",
     "Example",
@@ -87,8 +94,12 @@ __all__ = [
     "TrainingHistory",
     "TrainingStep",
     "VerifierLoss",
+    "attach_demonstrations",
+    "candidates_from_examples",
+    "candidates_from_traces",
     "combine_feedback",
     "evaluate",
+    "field_match",
     "llm_backward",
     "split_output",
     "train",

@@ -4,8 +4,11 @@ CompositeLoss. LLM judges live in ``judges.py``, human feedback in ``human.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from app.pipeline.optimization.feedback import Feedback, FeedbackType, mean_score
@@ -152,6 +155,37 @@ def _accepts_two_args(fn: Callable[..., Any]) -> bool:
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return any(p.kind is p.VAR_POSITIONAL for p in params) or len(positional) >= 2
+
+
+def field_match(output: Any, target: Any) -> tuple[float, str]:
+    """A verifier for structured outputs, field by field: the share of the target's fields that the output gives
+    the same value (text compared case- and space-insensitively, numbers by value), and a message naming each
+    field that differs. An output that is JSON text is parsed first; one that is not a dict scores 0."""
+    if not isinstance(target, Mapping) or not target:
+        raise ValueError(f"field_match needs a target dict of expected fields, got {type(target).__name__}")
+    data = getattr(output, "payload", output)
+    if isinstance(data, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            data = json.loads(data)
+    if not isinstance(data, Mapping):
+        shown = str(data)[:120]
+        return 0.0, f"The output should be a JSON object with the fields {sorted(target)}, but it was {shown!r}."
+    wrong = [
+        f"{key} should be {json.dumps(want)}, got {json.dumps(data[key], default=str) if key in data else 'nothing'}"
+        for key, want in target.items() if key not in data or not _same(data[key], want)
+    ]
+    score = 1.0 - len(wrong) / len(target)
+    return score, "" if not wrong else "Wrong fields: " + "; ".join(wrong) + "."
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, bool) or isinstance(got, bool):
+        return got is want
+    if isinstance(want, int | float) and isinstance(got, int | float):
+        return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(want, str) and isinstance(got, str):
+        return " ".join(got.split()).casefold() == " ".join(want.split()).casefold()
+    return bool(got == want)
 
 
 # -- combinations -----------------------------------------------------------------------------------------------
