@@ -28,7 +28,7 @@ DatasetOption = Annotated[Path, typer.Option("--dataset", "-d", help="JSONL file
 LossOption = Annotated[str | None, typer.Option(
     "--loss", help='Loss spec as JSON or @file.json, e.g. \'{"type": "rubric", "criteria": "...", "rubric": {...}}\'')]
 MetricOption = Annotated[str | None, typer.Option(
-    "--metric", help="A verifier check instead of --loss: exact, contains, regex, number, or a registered metric name")]
+    "--metric", help="A verifier check instead of --loss: exact, contains, regex, number, fields, or a registered metric name")]
 DetachOption = Annotated[bool, typer.Option("--detach", help="Print the id and return without following")]
 
 

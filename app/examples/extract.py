@@ -5,6 +5,9 @@ vLLM, and OpenAI) decode under it, and the answer is validated with ``ReviewFact
 item's output is the record as JSON (``ReviewFacts.model_validate(output)`` gives the instance back):
 
     inf-engine run review-extract --input app/examples/reviews.jsonl
+
+Labelled records ship beside it (``"dataset": "review-extract:train"``, ``:validation``, ``:test``), scored field by
+field with ``metric: "fields"``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
-"""What a request may name: the pipelines, losses and metrics the operator declared, and nothing else.
+"""What a request may name: the pipelines, losses, metrics and datasets the operator declared, and nothing else.
 
-A request is data. Its ``pipeline``, a ``python`` loss's ``name`` and a verifier ``metric`` are looked up here;
-a name that is not registered is refused (listing what is), and nothing is imported because a request said so.
-The operator declares names in three ways:
+A request is data. Its ``pipeline``, a ``python`` loss's ``name``, a verifier ``metric`` and a named ``dataset``
+are looked up here; a name that is not registered is refused (listing what is), and nothing is imported (or read
+from a path) because a request said so. The operator declares names in three ways:
 
-* the examples shipped with inf-engine (``review-compare``, ``sentiment``);
-* Python entry points of installed packages, in the groups ``inf_engine.pipelines``, ``inf_engine.losses`` and
-  ``inf_engine.metrics`` (``name = "package.module:attr"``);
+* the examples shipped with inf-engine (``review-compare``, ``sentiment``) and their labelled splits
+  (``sentiment:train``, ``review-extract:test``, ...: ``app.examples.datasets``);
+* Python entry points of installed packages, in the groups ``inf_engine.pipelines``, ``inf_engine.losses``,
+  ``inf_engine.metrics`` and ``inf_engine.datasets`` (``name = "package.module:attr"``);
 * modules listed in the setting ``pipeline_modules`` (``INF_ENGINE_PIPELINE_MODULES=pkg.a,pkg.b``): every
   pipeline ``Module`` class they define (or their ``PIPELINES`` dict, name -> class), their ``LOSSES`` dict
-  (name -> Loss, Loss class or factory) and their ``METRICS`` dict (name -> verifier function).
+  (name -> Loss, Loss class or factory), their ``METRICS`` dict (name -> verifier function) and their
+  ``DATASETS`` dict (name -> a list of ``{"input", "target"}`` examples, or a function returning one).
 
 A pipeline is accepted by its registered name or by the ``package.module:Class`` path of a registered class
 (how earlier versions named them); both resolve to that path, which the database stores. ``inf-engine run`` on
@@ -26,11 +28,13 @@ from importlib import metadata
 from typing import Any
 
 from app.examples import EXAMPLE_PIPELINES
+from app.examples.datasets import shipped_datasets
 
 ENTRY_POINT_GROUPS = {
     "pipeline": "inf_engine.pipelines",
     "loss": "inf_engine.losses",
     "metric": "inf_engine.metrics",
+    "dataset": "inf_engine.datasets",
 }
 
 
@@ -45,7 +49,7 @@ class UnknownPipelineError(ValueError):
 
 
 class UnknownNameError(ValueError):
-    """A loss or metric name that the operator did not register."""
+    """A loss, metric or dataset name that the operator did not register."""
 
 
 class RegistryError(ValueError):
@@ -60,6 +64,7 @@ class Registry:
     pipelines: dict[str, str] = field(default_factory=dict)
     losses: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    datasets: dict[str, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- pipelines --------------------------------------------------------------------------------------------
@@ -88,6 +93,11 @@ class Registry:
     def metric(self, name: Any) -> Any:
         return self._named("metric", self.metrics, name)
 
+    def dataset(self, name: Any) -> list[Any]:
+        """The examples of a registered dataset (a function registered for it is called each time)."""
+        value = self._named("dataset", self.datasets, name)
+        return list(value() if callable(value) else value)
+
     def _named(self, kind: str, table: dict[str, Any], name: Any) -> Any:
         if not isinstance(name, str) or name not in table:
             known = ", ".join(sorted(table)) or "(none)"
@@ -111,7 +121,7 @@ def _shown(name: Any) -> str:
 # -- building the registry from the operator's declaration -------------------------------------------------------
 def build_registry(modules: list[str] | tuple[str, ...] = ()) -> Registry:
     """The registry of the shipped examples, the installed entry points and ``modules`` (imported here)."""
-    registry = Registry(pipelines=dict(EXAMPLE_PIPELINES))
+    registry = Registry(pipelines=dict(EXAMPLE_PIPELINES), datasets=dict(shipped_datasets()))
     for kind, group in ENTRY_POINT_GROUPS.items():
         for entry in metadata.entry_points(group=group):
             if kind == "pipeline":
@@ -139,7 +149,7 @@ def _register_module(registry: Registry, module_name: str) -> None:
         for cls in _module_classes(module):
             path = _class_path(cls, module_name)
             registry.pipelines[path] = path
-    for kind in ("losses", "metrics"):
+    for kind in ("losses", "metrics", "datasets"):
         table = getattr(module, kind.upper(), None)
         if isinstance(table, dict):
             getattr(registry, kind).update({str(k): v for k, v in table.items()})

@@ -19,7 +19,14 @@ from app.jobs.endpoints import NO_ENDPOINTS_HINT
 from app.jobs.errors import InvalidJobInput, JobNotFound
 from app.jobs.graphs import import_path_of, load_module, shape_key, trace_item
 from app.jobs.inputs import InputFileError
-from app.jobs.learning.specs import dataset_file_id, decode_file, examples_from_jsonl, parse_examples
+from app.jobs.learning.specs import (
+    dataset_file_id,
+    dataset_name,
+    decode_file,
+    examples_from_jsonl,
+    named_examples,
+    parse_examples,
+)
 from app.jobs.registry import UnknownPipelineError, load_pipeline_class
 from app.jobs.submission import Limits
 from app.pipeline.optimization import Example
@@ -64,14 +71,19 @@ def find_pipeline(session: Session, name: str, *, owner: str) -> Pipeline:
 
 def load_examples(session: Session, dataset: Any, *, owner: str | None, limits: Limits,
                   param: str = "dataset") -> list[Example]:
-    """The examples of an inline dataset or of an uploaded JSONL file (one example per line)."""
+    """The examples of an inline dataset, of a registered one (by name) or of an uploaded JSONL file (one example
+    per line)."""
+    name = dataset_name(dataset)
+    if name is not None:
+        return named_examples(name, param=param, max_items=limits.max_items)
     file_id = dataset_file_id(dataset)
     if file_id is None:
         return parse_examples(dataset, param=param, max_items=limits.max_items)
     file = repository.get_file(session, file_id=file_id, owner=owner)
     if file is None:
-        raise InvalidJobInput(f"no uploaded file {file_id!r}: upload the JSONL dataset with POST /v1/files first",
-                              param=param, code="file_not_found")
+        raise InvalidJobInput(f"no uploaded file {file_id!r}: upload the JSONL dataset with POST /v1/files first, "
+                              "or name a registered dataset such as 'sentiment:train'", param=param,
+                              code="file_not_found")
     try:
         text = decode_file(file.content, file_id)
     except InputFileError as exc:
@@ -80,7 +92,10 @@ def load_examples(session: Session, dataset: Any, *, owner: str | None, limits: 
 
 
 def stored_dataset(dataset: Any) -> Any:
-    """How a request's dataset is kept: a file reference, or the inline examples as given."""
+    """How a request's dataset is kept: a registered name, a file reference, or the inline examples as given."""
+    name = dataset_name(dataset)
+    if name is not None:
+        return {"name": name}
     file_id = dataset_file_id(dataset)
     return {"file_id": file_id} if file_id is not None else dataset
 

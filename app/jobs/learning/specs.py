@@ -3,8 +3,9 @@
 A request carries JSON; these functions check it (every problem is an ``InvalidJobInput`` naming the field) and
 build the objects of ``app.pipeline.optimization`` from it. Loss specs:
 
-* ``{"type": "verifier", "check": "exact"|"contains"|"regex"|"number", "field": "verdict", "case_sensitive": false,
-  "pattern": "..."}``: code compares the output (or one field of a dict output) with the example's target;
+* ``{"type": "verifier", "check": "exact"|"contains"|"regex"|"number"|"fields", "field": "verdict",
+  "case_sensitive": false, "pattern": "..."}``: code compares the output (or one field of a dict output) with the
+  example's target (``fields``: a structured output against a target dict, scored by the share of fields right);
   ``{"type": "verifier", "function": "name"}`` uses a verifier function the operator registered instead;
 * ``{"type": "rubric", "criteria": "...", "rubric": {"1": "poor", "5": "excellent"}, "alias": "judge"}``;
 * ``{"type": "judge", "criteria": "...", "alias": "judge"}`` (critique, no score);
@@ -15,7 +16,8 @@ build the objects of ``app.pipeline.optimization`` from it. Loss specs:
 * ``{"type": "python", "name": "my-loss", "options": {...}}``: a loss the operator registered (``app.jobs.registry``:
   a Loss instance, a Loss subclass or a factory returning one, built with ``options`` as keyword arguments).
 
-A metric (evaluations) is the name of a verifier check (``"exact"``, ``"contains"``, ``"regex"``, ``"number"``)
+A metric (evaluations) is the name of a verifier check (``"exact"``, ``"contains"``, ``"regex"``, ``"number"``,
+``"fields"``)
 or of a verifier function the operator registered. Nothing a request names is imported.
 """
 
@@ -46,10 +48,11 @@ from app.pipeline.optimization import (
     Optimizer,
     SFAOptimizer,
     VerifierLoss,
+    field_match,
 )
 from app.pipeline.optimization.training import as_example
 
-CHECKS = ("exact", "contains", "regex", "number")
+CHECKS = ("exact", "contains", "regex", "number", "fields")
 LOSS_TYPES = ("verifier", "rubric", "judge", "preference", "composite", "human", "python")
 OPTIMIZER_TYPES = ("sfa", "basic")
 
@@ -58,6 +61,25 @@ HumanSourceFactory = Callable[[], FeedbackSource] | None
 
 
 # -- datasets ---------------------------------------------------------------------------------------------------
+def dataset_name(dataset: Any) -> str | None:
+    """The registered dataset a request names (``"sentiment:train"`` or ``{"name": "sentiment:train"}``), else
+    None. A bare string is a name only when the operator registered it: otherwise it is an uploaded file's id."""
+    if isinstance(dataset, Mapping) and set(dataset) == {"name"} and isinstance(dataset["name"], str):
+        return str(dataset["name"])
+    if isinstance(dataset, str) and dataset in current_registry().datasets:
+        return dataset
+    return None
+
+
+def named_examples(name: str, *, param: str, max_items: int) -> list[Example]:
+    """The examples of a registered dataset, checked like inline ones; an unknown name lists the known ones."""
+    try:
+        values = current_registry().dataset(name)
+    except UnknownNameError as exc:
+        raise InvalidJobInput(f"{param}: {exc}", param=param, code="unknown_dataset") from None
+    return parse_examples(values, param=param, max_items=max_items)
+
+
 def dataset_file_id(dataset: Any) -> str | None:
     """The uploaded file a dataset names (``"file-..."`` or ``{"file_id": "file-..."}``), else None."""
     if isinstance(dataset, str):
@@ -206,11 +228,13 @@ def _verifier(spec: Mapping[str, Any], param: str) -> VerifierLoss:
 
 def make_check(
     check: str, *, field: str | None = None, case_sensitive: bool = False, pattern: str | None = None
-) -> Callable[[Any, Any], tuple[bool, str]]:
+) -> Callable[[Any, Any], tuple[bool | float, str]]:
     """A verifier ``(output, target) -> (passed, message)`` comparing the output (or ``field`` of it) with the
     target; the message says what was expected, which is the feedback an optimizer learns from."""
 
-    def verify(output: Any, target: Any) -> tuple[bool, str]:
+    def verify(output: Any, target: Any) -> tuple[bool | float, str]:
+        if check == "fields":
+            return field_match(_pick(output, field), target)
         text = _as_text(_pick(output, field))
         if check == "regex":
             regex = pattern if pattern is not None else _as_text(target)

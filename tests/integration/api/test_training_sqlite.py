@@ -65,3 +65,20 @@ def test_without_resources_training_uses_the_servers_backend(tmp_path: Path) -> 
     assert update["new_value"].startswith("echo: ")  # the updater's answer came from the server's backend
     # two classifications, one aggregation of their feedback, one update: all on the one backend
     assert len(backend.requests) == 4
+
+
+def test_a_request_names_a_shipped_dataset(tmp_path: Path) -> None:
+    from app.examples.datasets import load_split
+
+    truth = {e["input"]: e["target"] for e in load_split("sentiment", "validation")}
+    lm = ScriptedLM(lambda alias, request: truth.get(str(request.prompt), "positive"))
+    config = Settings(data_dir=tmp_path / "state", jobs_poll_interval=0.05)
+    with TestClient(create_app(config, backend=FakeBackend(), jobs=JobsRuntime(config, resources=lm))) as client:
+        evaluation = client.post("/v1/evaluations", json={"pipeline": "sentiment", "dataset": "sentiment:validation",
+                                                          "metric": "exact"})
+        assert evaluation.status_code == 201, evaluation.text
+        assert _wait(client, f"/v1/evaluations/{evaluation.json()['id']}")["score"] == 1.0
+        assert len(lm.calls) == 75
+        refused = client.post("/v1/evaluations", json={"pipeline": "sentiment", "dataset": "../reviews.jsonl",
+                                                       "metric": "exact"})
+        assert refused.status_code == 400 and "registered dataset" in refused.json()["error"]["message"]

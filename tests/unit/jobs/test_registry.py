@@ -28,6 +28,7 @@ def operator_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "class Shout(Module):\n    def forward(self, text):\n        return text\n"
         "METRICS = {'always': lambda output, target: (True, '')}\n"
         "LOSSES = {'none': lambda: None}\n"
+        "DATASETS = {'mine': [{'input': 'a', 'target': 'b'}], 'lazy': lambda: [{'input': 'c'}]}\n"
     )
     (tmp_path / "op_named.py").write_text(
         "from app.pipeline import Module\n"
@@ -50,6 +51,10 @@ def test_listed_modules_register_their_pipelines_losses_and_metrics(operator_mod
         registry.metric("os:system")
     with pytest.raises(UnknownNameError, match="registered losses: none"):
         registry.loss("nope")
+    assert registry.dataset("mine") == [{"input": "a", "target": "b"}] and registry.dataset("lazy") == [{"input": "c"}]
+    assert len(registry.dataset("sentiment:test")) == 75  # the shipped splits are registered beside them
+    with pytest.raises(UnknownNameError, match="unknown dataset '/etc/passwd': registered datasets: lazy, mine"):
+        registry.dataset("/etc/passwd")
 
 
 def test_an_unregistered_pipeline_is_refused_without_importing(operator_modules: Path) -> None:
@@ -72,6 +77,7 @@ def test_entry_points_register_names_and_load_on_first_use(monkeypatch: pytest.M
                                                      "inf_engine.pipelines")],
         "inf_engine.metrics": [metadata.EntryPoint("starts", "app.jobs.learning.specs:make_check", "inf_engine.metrics")],
         "inf_engine.losses": [],
+        "inf_engine.datasets": [],
     }
 
     def entry_points(group: str) -> list[Any]:
@@ -96,3 +102,16 @@ def test_internal_pipelines_resolve_under_their_old_paths_too() -> None:
     assert registry.pipeline_path(new) == new
     assert registry.pipeline_path("app.jobs.batch_pipeline:BatchRequest") == new
     assert new not in registry.pipeline_names()  # accepted, never listed
+
+
+def test_a_stored_state_with_attached_demonstrations_loads_into_the_registered_pipeline() -> None:
+    from app.jobs.graphs import load_module, trace_item
+
+    demos = [{"input": "Broke in a week.", "output": "negative"}]
+    state = {"classify.system_prompt": "Label it.", "classify.demos": demos}
+    module = load_module("sentiment", state)  # as a worker loads the active version before running a node
+    assert module.state_dict() == state
+    (node,) = [n for n in trace_item(module, ("Fine.",), {}).nodes.values() if n.kind == "llm"]
+    assert node.config()["demos"] == demos
+    with pytest.raises(UnknownPipelineError, match="do not fit its current code"):
+        load_module("sentiment", {"classify.examples": demos})

@@ -10,9 +10,11 @@ from app.jobs.errors import InvalidJobInput, PayloadTooLarge
 from app.jobs.learning.specs import (
     build_loss,
     dataset_file_id,
+    dataset_name,
     examples_from_jsonl,
     loss_spec_of,
     make_check,
+    named_examples,
     parse_examples,
     parse_optimizer,
 )
@@ -193,6 +195,33 @@ def test_examples() -> None:
         examples_from_jsonl('{"input": 1}\n{oops\n', source="file x", param="dataset", max_items=5)
     assert dataset_file_id("file-abc") == "file-abc" and dataset_file_id({"file_id": "file-x"}) == "file-x"
     assert dataset_file_id([{"input": 1}]) is None
+
+
+def test_a_registered_dataset_is_named_and_anything_else_stays_a_file_id() -> None:
+    assert dataset_name("sentiment:train") == "sentiment:train"
+    assert dataset_name({"name": "review-extract:test"}) == "review-extract:test"
+    for other in ("file-abc", "/etc/passwd", "sentiment", [{"input": 1}], {"file_id": "file-x"}, {"name": 3}):
+        assert dataset_name(other) is None  # never a path: an unregistered string is an uploaded file's id
+    examples = named_examples("sentiment:validation", param="dataset", max_items=100)
+    assert len(examples) == 75 and examples[0].target in ("positive", "negative", "neutral")
+    with pytest.raises(PayloadTooLarge, match="at most 10"):
+        named_examples("sentiment:train", param="dataset", max_items=10)
+    with pytest.raises(InvalidJobInput, match="unknown dataset 'nope:train': registered datasets: review-extract:test"):
+        named_examples("nope:train", param="dataset", max_items=100)
+
+
+def test_the_fields_check_scores_a_record_field_by_field() -> None:
+    check = make_check("fields")
+    target = {"sentiment": "mixed", "rating": 3, "would_recommend": False}
+    assert check({"sentiment": "Mixed", "rating": 3, "would_recommend": False}, target) == (1.0, "")
+    score, message = check('{"sentiment": "mixed", "rating": 4, "would_recommend": true}', target)
+    assert score == pytest.approx(1 / 3)
+    assert message == "Wrong fields: rating should be 3, got 4; would_recommend should be false, got true."
+    assert check({"facts": {"sentiment": "mixed"}}, {"sentiment": "mixed"}) == (0.0, "Wrong fields: sentiment should be "
+                                                                              '"mixed", got nothing.')
+    assert make_check("fields", field="facts")({"facts": {"sentiment": "mixed"}}, {"sentiment": "mixed"})[0] == 1.0
+    assert check("not json", target)[0] == 0.0
+    assert loss_spec_of(None, "fields") == {"type": "verifier", "check": "fields"}
 
 
 def test_optimizer_settings() -> None:
