@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field
 from api.deps import DbSession, Owner, Runtime, require_api_key
 from api.params import RequestBody
 from api.responses import JSONBytes
+from api.schemas import Batch, BatchList, ok
 from app.jobs.batches import service as batches
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["batches"])
@@ -29,7 +30,7 @@ class BatchBody(RequestBody):
     metadata: dict[str, str] | None = None
 
 
-@router.post("/batches")
+@router.post("/batches", responses=ok(Batch))
 def create_batch(body: BatchBody, runtime: Runtime, session: DbSession, owner: Owner,
                  background: BackgroundTasks) -> Response:
     request = batches.BatchCreate(input_file_id=body.input_file_id, endpoint=body.endpoint,
@@ -39,7 +40,7 @@ def create_batch(body: BatchBody, runtime: Runtime, session: DbSession, owner: O
     return JSONBytes(view)
 
 
-@router.get("/batches")
+@router.get("/batches", responses=ok(BatchList))
 def list_batches(
     session: DbSession,
     owner: Owner,
@@ -49,12 +50,12 @@ def list_batches(
     return JSONBytes(batches.list_batch_views(session, owner=owner, after=after, limit=limit))
 
 
-@router.get("/batches/{batch_id}")
+@router.get("/batches/{batch_id}", responses=ok(Batch))
 def get_batch(batch_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(batches.describe_batch(session, batch_id, owner))
 
 
-@router.post("/batches/{batch_id}/cancel")
+@router.post("/batches/{batch_id}/cancel", responses=ok(Batch))
 def cancel_batch(batch_id: str, runtime: Runtime, session: DbSession, owner: Owner,
                  background: BackgroundTasks) -> Response:
     view = batches.cancel_batch(session, batch_id, owner)

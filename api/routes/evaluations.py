@@ -11,6 +11,16 @@ from pydantic import AliasChoices, ConfigDict, Field
 from api.deps import DbSession, Learning, Owner, learning_runtime, require_api_key
 from api.params import DB_INT_MAX, RequestBody
 from api.responses import JSONBytes
+from api.schemas import (
+    Evaluation,
+    EvaluationList,
+    ExampleComparison,
+    Schedule,
+    ScheduleList,
+    ScheduleRuns,
+    created,
+    ok,
+)
 from app.jobs.learning import evaluations, examples
 from app.jobs.learning.common import MAX_PAGE
 
@@ -48,7 +58,7 @@ class ScheduleCreate(EvaluationCreate):
 
 
 # the schedule routes come first: /evaluations/schedules is not an evaluation id
-@router.post("/evaluations/schedules", status_code=201)
+@router.post("/evaluations/schedules", status_code=201, responses=created(Schedule))
 def create_schedule(body: ScheduleCreate, runtime: Learning, session: DbSession, owner: Owner) -> Response:
     row = evaluations.create_schedule(session, body.to_request(), cron=body.cron, margin=body.margin,
                                       owner=owner, limits=runtime.limits)
@@ -56,34 +66,34 @@ def create_schedule(body: ScheduleCreate, runtime: Learning, session: DbSession,
     return JSONBytes(view, status_code=201, headers={"Location": f"/v1/evaluations/schedules/{view['id']}"})
 
 
-@router.get("/evaluations/schedules")
+@router.get("/evaluations/schedules", responses=ok(ScheduleList))
 def list_schedules(session: DbSession, owner: Owner) -> Response:
     return JSONBytes(evaluations.list_schedule_views(session, owner=owner))
 
 
-@router.get("/evaluations/schedules/{schedule_id}")
+@router.get("/evaluations/schedules/{schedule_id}", responses=ok(Schedule))
 def get_schedule(schedule_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(evaluations.schedule_view(evaluations.load_schedule(session, schedule_id, owner)))
 
 
-@router.get("/evaluations/schedules/{schedule_id}/runs")
+@router.get("/evaluations/schedules/{schedule_id}/runs", responses=ok(ScheduleRuns))
 def schedule_runs(schedule_id: str, session: DbSession, owner: Owner) -> Response:
     """The schedule's evaluations in fire-time order, each with ``regressed``: its score fell below the previous
     run's by more than the schedule's margin."""
     return JSONBytes(evaluations.schedule_runs(session, schedule_id, owner=owner))
 
 
-@router.post("/evaluations/schedules/{schedule_id}/pause")
+@router.post("/evaluations/schedules/{schedule_id}/pause", responses=ok(Schedule))
 def pause_schedule(schedule_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(evaluations.set_schedule_enabled(session, schedule_id, False, owner=owner))
 
 
-@router.post("/evaluations/schedules/{schedule_id}/resume")
+@router.post("/evaluations/schedules/{schedule_id}/resume", responses=ok(Schedule))
 def resume_schedule(schedule_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(evaluations.set_schedule_enabled(session, schedule_id, True, owner=owner))
 
 
-@router.post("/evaluations", status_code=201)
+@router.post("/evaluations", status_code=201, responses=created(Evaluation))
 def create_evaluation(body: EvaluationCreate, runtime: Learning, session: DbSession, owner: Owner,
                       background: BackgroundTasks) -> Response:
     row = evaluations.submit_evaluation(session, body.to_request(), owner=owner, limits=runtime.limits)
@@ -92,7 +102,7 @@ def create_evaluation(body: EvaluationCreate, runtime: Learning, session: DbSess
     return JSONBytes(view, status_code=201, headers={"Location": f"/v1/evaluations/{view['id']}"})
 
 
-@router.get("/evaluations")
+@router.get("/evaluations", responses=ok(EvaluationList))
 def list_evaluations(
     session: DbSession,
     owner: Owner,
@@ -102,12 +112,12 @@ def list_evaluations(
     return JSONBytes(evaluations.list_evaluation_views(session, owner=owner, after=after, limit=limit))
 
 
-@router.get("/evaluations/{evaluation_id}")
+@router.get("/evaluations/{evaluation_id}", responses=ok(Evaluation))
 def get_evaluation(evaluation_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(evaluations.describe_evaluation(session, evaluation_id, owner))
 
 
-@router.get("/evaluations/{evaluation_id}/examples")
+@router.get("/evaluations/{evaluation_id}/examples", responses=ok(ExampleComparison))
 def evaluation_examples(
     evaluation_id: str,
     session: DbSession,
@@ -126,7 +136,7 @@ def evaluation_examples(
                                                below=below, offset=offset, limit=limit))
 
 
-@router.post("/evaluations/{evaluation_id}/cancel")
+@router.post("/evaluations/{evaluation_id}/cancel", responses=ok(Evaluation))
 def cancel_evaluation(evaluation_id: str, runtime: Learning, session: DbSession, owner: Owner,
                       background: BackgroundTasks) -> Response:
     view = evaluations.cancel_evaluation(session, evaluation_id, owner)

@@ -13,6 +13,7 @@ from starlette.datastructures import UploadFile
 
 from api.deps import DbSession, Owner, Runtime, require_api_key
 from api.responses import JSONBytes, content_disposition
+from api.schemas import DeletedFile, FileList, FileObject, ok
 from app.jobs import files
 from app.jobs.errors import InvalidJobInput, PayloadTooLarge
 
@@ -59,7 +60,7 @@ async def read_upload(request: Request, runtime: Runtime) -> Upload:
     return Upload(filename, purpose.strip(), content)
 
 
-@router.post("/files", openapi_extra={"requestBody": {"required": True,
+@router.post("/files", responses=ok(FileObject), openapi_extra={"requestBody": {"required": True,
                                                       "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}}})
 def upload_file(
     upload: Annotated[Upload, Depends(read_upload)], runtime: Runtime, session: DbSession, owner: Owner
@@ -75,7 +76,7 @@ def _too_large(what: str, limit: int) -> PayloadTooLarge:
                            "requests into several files", param="file")
 
 
-@router.get("/files")
+@router.get("/files", responses=ok(FileList))
 def list_files(
     session: DbSession,
     owner: Owner,
@@ -88,7 +89,7 @@ def list_files(
                                            order=order))
 
 
-@router.get("/files/{file_id}")
+@router.get("/files/{file_id}", responses=ok(FileObject))
 def get_file(file_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(files.describe_file(session, file_id, owner))
 
@@ -100,6 +101,6 @@ def file_content(file_id: str, session: DbSession, owner: Owner) -> Response:
                     headers={"Content-Disposition": content_disposition(found.filename)})
 
 
-@router.delete("/files/{file_id}")
+@router.delete("/files/{file_id}", responses=ok(DeletedFile))
 def delete_file(file_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(files.delete_file(session, file_id, owner))

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import DbSession, Owner, Runtime, require_api_key
 from api.params import DB_INT_MAX, RequestBody, ResultsCursor
 from api.responses import JSONBytes, content_disposition, dumps
+from api.schemas import ItemList, Job, JobList, created, ok
 from app.jobs import items, service
 from app.jobs.errors import InvalidJobInput, JobNotFound, PayloadTooLarge
 from app.jobs.runtime import JobsRuntime
@@ -53,7 +54,7 @@ async def read_job(request: Request, runtime: Runtime) -> JobCreate:
     return await run_in_threadpool(_parse_job, body)
 
 
-@router.post("/jobs", status_code=201, openapi_extra={"requestBody": _JOB_BODY})
+@router.post("/jobs", status_code=201, openapi_extra={"requestBody": _JOB_BODY}, responses=created(Job))
 def create_job(
     payload: Annotated[JobCreate, Depends(read_job)],
     runtime: Runtime,
@@ -110,7 +111,7 @@ def _too_large(size: int, limit: int) -> PayloadTooLarge:
     )
 
 
-@router.get("/jobs")
+@router.get("/jobs", responses=ok(JobList))
 def list_jobs(
     session: DbSession,
     owner: Owner,
@@ -124,11 +125,15 @@ def list_jobs(
                                             limit=limit))
 
 
-@router.get("/jobs/{job_id}")
+@router.get("/jobs/{job_id}", responses=ok(Job))
 def get_job(job_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(service.describe_job(session, job_id, owner))
 
 
+_EXPORT_RESPONSES: dict[int | str, dict[str, Any]] = {200: {
+    "description": "The matching items: JSON Lines (one items-view row per line) or CSV",
+    "content": {"application/x-ndjson": {}, "text/csv": {}},
+}}
 ItemStatusFilter = Annotated[str | None, Query(
     description="Only items with these statuses (comma-separated: pending, running, completed, failed, cancelled)")]
 ItemSearch = Annotated[str | None, Query(
@@ -137,7 +142,7 @@ ItemOrder = Annotated[str, Query(
     description="'position' (input order) or 'failures_first' (failed, then cancelled, then the rest)")]
 
 
-@router.get("/jobs/{job_id}/items")
+@router.get("/jobs/{job_id}/items", responses=ok(ItemList))
 def job_items(
     job_id: str,
     session: DbSession,
@@ -154,7 +159,7 @@ def job_items(
                                       offset=offset, limit=limit))
 
 
-@router.get("/jobs/{job_id}/items/export")
+@router.get("/jobs/{job_id}/items/export", response_class=StreamingResponse, responses=_EXPORT_RESPONSES)
 def export_job_items(
     job_id: str,
     runtime: Runtime,
@@ -171,7 +176,7 @@ def export_job_items(
                              headers={"Content-Disposition": content_disposition(export.filename)})
 
 
-@router.post("/jobs/{job_id}/cancel")
+@router.post("/jobs/{job_id}/cancel", responses=ok(Job))
 def cancel_job(job_id: str, runtime: Runtime, session: DbSession, owner: Owner,
                background: BackgroundTasks) -> Response:
     job = service.cancel_job(session, job_id, owner)

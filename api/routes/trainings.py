@@ -11,6 +11,16 @@ from pydantic import AliasChoices, ConfigDict, Field
 from api.deps import DbSession, Learning, Owner, learning_runtime, require_api_key
 from api.params import RequestBody, VersionPath, version_query
 from api.responses import JSONBytes
+from api.schemas import (
+    ParameterDiff,
+    ParameterVersion,
+    ParameterVersionList,
+    PipelineList,
+    Training,
+    TrainingList,
+    created,
+    ok,
+)
 from app.jobs.learning import feedback, parameters, training
 from app.jobs.learning.common import MAX_PAGE
 
@@ -51,7 +61,7 @@ class FeedbackAnswer(RequestBody):
     ranking: list[int] | None = None
 
 
-@router.post("/trainings", status_code=201)
+@router.post("/trainings", status_code=201, responses=created(Training))
 def create_training(body: TrainingCreate, runtime: Learning, session: DbSession, owner: Owner,
                     background: BackgroundTasks) -> Response:
     row = training.submit_training(session, training.TrainingRequest(**body.model_dump()), owner=owner,
@@ -61,7 +71,7 @@ def create_training(body: TrainingCreate, runtime: Learning, session: DbSession,
     return JSONBytes(view, status_code=201, headers={"Location": f"/v1/trainings/{view['id']}"})
 
 
-@router.get("/trainings")
+@router.get("/trainings", responses=ok(TrainingList))
 def list_trainings(
     session: DbSession,
     owner: Owner,
@@ -71,12 +81,12 @@ def list_trainings(
     return JSONBytes(training.list_training_views(session, owner=owner, after=after, limit=limit))
 
 
-@router.get("/trainings/{training_id}")
+@router.get("/trainings/{training_id}", responses=ok(Training))
 def get_training(training_id: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(training.describe_training(session, training_id, owner))
 
 
-@router.post("/trainings/{training_id}/cancel")
+@router.post("/trainings/{training_id}/cancel", responses=ok(Training))
 def cancel_training(training_id: str, runtime: Learning, session: DbSession, owner: Owner,
                     background: BackgroundTasks) -> Response:
     view = training.cancel_training(session, training_id, owner)
@@ -85,18 +95,18 @@ def cancel_training(training_id: str, runtime: Learning, session: DbSession, own
 
 
 # -- pipelines and their parameter versions ---------------------------------------------------------------------
-@router.get("/pipelines")
+@router.get("/pipelines", responses=ok(PipelineList))
 def list_pipelines(session: DbSession, owner: Owner) -> Response:
     """The pipelines this server runs, each with the caller's active parameter version and how many it has."""
     return JSONBytes(parameters.list_pipelines(session, owner=owner))
 
 
-@router.get("/pipelines/{name}/parameters/versions")
+@router.get("/pipelines/{name}/parameters/versions", responses=ok(ParameterVersionList))
 def list_versions(name: str, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(parameters.list_versions(session, name, owner=owner))
 
 
-@router.get("/pipelines/{name}/parameters/versions/diff")
+@router.get("/pipelines/{name}/parameters/versions/diff", responses=ok(ParameterDiff))
 def diff_versions(
     name: str,
     session: DbSession,
@@ -107,12 +117,12 @@ def diff_versions(
     return JSONBytes(parameters.diff_versions(session, name, old, new, owner=owner))
 
 
-@router.get("/pipelines/{name}/parameters/versions/{version}")
+@router.get("/pipelines/{name}/parameters/versions/{version}", responses=ok(ParameterVersion))
 def get_version(name: str, version: VersionPath, session: DbSession, owner: Owner) -> Response:
     return JSONBytes(parameters.get_version(session, name, version, owner=owner))
 
 
-@router.post("/pipelines/{name}/parameters/versions/{version}/activate")
+@router.post("/pipelines/{name}/parameters/versions/{version}/activate", responses=ok(ParameterVersion))
 def activate_version(name: str, version: VersionPath, session: DbSession, owner: Owner) -> Response:
     """Roll the tenant's active parameters of the pipeline to a stored version: its later jobs, evaluations and
     trainings of the pipeline use its values."""
