@@ -55,6 +55,11 @@ export function link(href, text, attrs = {}) {
   return h('a', { href, ...attrs }, text);
 }
 
+/** A link to a console page of a resource: to('jobs', id) → <a href="/console/jobs/{id}">{id}</a>. */
+export function to(section, id, text = id) {
+  return link(`/console/${section}/${encodeURIComponent(id)}`, text);
+}
+
 /** A labelled control: <label>Text <control></label>. */
 export function labelled(text, control, cls = 'field') {
   return h('label', { class: cls }, h('span', { class: 'label' }, text), control);
@@ -119,8 +124,10 @@ export function keepFocus(fn) {
   }
 }
 
-/** Puts a table in slot, or only new rows in the table already there (its scroll position and the page's stay). */
-export function fillTable(slot, testid, columns, rows, caption) {
+/** Puts a table in slot, or only new rows in the table already there (its scroll position and the page's stay);
+ *  with no rows, one row saying `empty`. */
+export function fillTable(slot, testid, columns, rows, caption, empty = 'Nothing yet.') {
+  if (!rows.length) rows = [h('tr', {}, h('td', { class: 'empty', colspan: columns.length }, empty))];
   const existing = slot.querySelector(`table[data-testid="${testid}"]`);
   if (existing) existing.tBodies[0].replaceChildren(...rows);
   else replace(slot, table(testid, columns, rows, caption));
@@ -132,6 +139,14 @@ export function pager({ label, hasPrev, hasNext, onPrev, onNext, testid = 'pager
     h('button', { type: 'button', disabled: !hasPrev, onclick: onPrev, 'data-key': `${testid}-prev` }, '← Previous'),
     h('span', { class: 'muted', 'aria-live': 'polite' }, label || ''),
     h('button', { type: 'button', disabled: !hasNext, onclick: onNext, 'data-key': `${testid}-next` }, 'Next →'));
+}
+
+/** Pages by offset, with "Page X of Y · N <noun>"; goto(offset) shows another page. */
+export function offsetPager({ offset, size, total, hasMore, noun, testid, goto }) {
+  const pages = Math.max(1, Math.ceil((total || 0) / size));
+  return pager({ label: `Page ${Math.floor(offset / size) + 1} of ${pages} · ${Number(total || 0).toLocaleString('en-US')} ${noun}`,
+    hasPrev: offset > 0, hasNext: Boolean(hasMore), testid,
+    onPrev: () => goto(Math.max(0, offset - size)), onNext: () => goto(offset + size) });
 }
 
 /** fn called at most once per `ms` of quiet (for search boxes). */

@@ -39,9 +39,6 @@ export async function cursorList(ctx, options) {
 
   function draw() {
     const rows = view.data.map(options.row);
-    if (!rows.length) {
-      rows.push(h('tr', {}, h('td', { class: 'empty', colspan: options.columns.length }, options.empty || 'Nothing yet.')));
-    }
     const paging = options.paged === false ? null : pager({
       label: `Page ${state.stack.length + 1}`, hasPrev: state.stack.length > 0, hasNext: Boolean(view.has_more),
       onPrev: () => go(state.stack.pop() ?? ''),
@@ -50,7 +47,7 @@ export async function cursorList(ctx, options) {
         go(view.last_id);
       },
     });
-    fillTable(tableSlot, options.testid, options.columns, rows, options.caption || options.title);
+    fillTable(tableSlot, options.testid, options.columns, rows, options.caption || options.title, options.empty);
     replace(pagerSlot, paging);
   }
 

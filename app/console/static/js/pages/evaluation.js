@@ -5,8 +5,8 @@
 
 import { api } from '../api.js';
 import { legend, wordDiff } from '../diffview.js';
-import { badge, debounce, facts, fillTable, h, keepFocus, labelled, link, pager, replace, section, td, truncated }
-  from '../dom.js';
+import { badge, debounce, facts, fillTable, h, keepFocus, labelled, link, offsetPager, replace, section, td, to,
+  truncated } from '../dom.js';
 import * as fmt from '../format.js';
 import { query, setQuery } from '../router.js';
 import { datasetText } from './evaluations.js';
@@ -51,7 +51,7 @@ export async function render(ctx) {
         badge(evaluation.status)),
       h('div', { class: 'card', 'data-testid': 'evaluation-summary', 'data-status': evaluation.status },
         facts([
-          ['Pipeline', link(`/console/pipelines/${encodeURIComponent(evaluation.pipeline)}`, evaluation.pipeline)],
+          ['Pipeline', to('pipelines', evaluation.pipeline)],
           ['Parameter version', String(evaluation.parameter_version ?? '—')],
           ['Score (mean)', fmt.score(evaluation.score)],
           ['Examples', `${fmt.number(progress.completed_examples)} / ${fmt.number(progress.total_examples)} done`],
@@ -137,15 +137,10 @@ export async function render(ctx) {
       rows.push(tr);
       if (open) rows.push(detailRow(example));
     }
-    if (!rows.length) {
-      rows.push(h('tr', {}, h('td', { class: 'empty', colspan: COLUMNS.length },
-        state.below !== '' ? 'No example scored below this threshold.' : 'No examples yet.')));
-    }
-    const pages = Math.max(1, Math.ceil((answer.total || 0) / PAGE));
-    fillTable(tableSlot, 'compare-table', COLUMNS, rows, 'Examples compared with the baseline');
-    replace(pagerSlot, pager({ label: `Page ${Math.floor(state.offset / PAGE) + 1} of ${pages} · ${fmt.number(answer.total)} examples`,
-        hasPrev: state.offset > 0, hasNext: Boolean(answer.has_more), testid: 'examples-pager',
-        onPrev: () => goto(Math.max(0, state.offset - PAGE)), onNext: () => goto(state.offset + PAGE) }));
+    fillTable(tableSlot, 'compare-table', COLUMNS, rows, 'Examples compared with the baseline',
+      state.below !== '' ? 'No example scored below this threshold.' : 'No examples yet.');
+    replace(pagerSlot, offsetPager({ offset: state.offset, size: PAGE, total: answer.total, hasMore: answer.has_more,
+      noun: 'examples', testid: 'examples-pager', goto }));
   }
 
   function detailRow(example) {

@@ -1,7 +1,7 @@
 // pages/evaluations.js: /console/evaluations: the evaluations, newest first (pipeline, parameter version,
 // dataset, status, mean score, number of examples), 50 a page.
 
-import { badge, h, link, td } from '../dom.js';
+import { badge, h, link, td, to } from '../dom.js';
 import * as fmt from '../format.js';
 import { cursorList } from '../listing.js';
 
@@ -24,8 +24,8 @@ export function render(ctx) {
     empty: 'No evaluations yet. Start one with POST /v1/evaluations.',
     live: (e) => fmt.isLive(e.status),
     row: (e) => h('tr', { 'data-testid': 'evaluation-row', 'data-evaluation-id': e.id, 'data-status': e.status },
-      td(link(`/console/evaluations/${encodeURIComponent(e.id)}`, e.id), 'id'),
-      td(link(`/console/pipelines/${encodeURIComponent(e.pipeline)}`, e.pipeline)),
+      td(to('evaluations', e.id), 'id'),
+      td(to('pipelines', e.pipeline)),
       td(e.parameter_version ?? '—', 'num'),
       td(datasetText(e.dataset)),
       td(badge(e.status), 'nowrap'),

@@ -4,8 +4,8 @@
 
 import { api, download } from '../api.js';
 import { cancelJob } from '../actions.js';
-import { alertBox, badge, debounce, facts, fillTable, h, keepFocus, labelled, pager, progress, replace, section, select,
-  td, truncated } from '../dom.js';
+import { alertBox, badge, debounce, facts, fillTable, h, keepFocus, labelled, offsetPager, progress, replace, section,
+  select, td, truncated } from '../dom.js';
 import * as fmt from '../format.js';
 import { query, setQuery } from '../router.js';
 import { drawTrace } from '../trace.js';
@@ -124,16 +124,10 @@ export async function render(ctx) {
       : truncated(fmt.valueText(item.output)), 'text'),
     td(fmt.ms(item.latency_ms), 'num'),
     td(fmt.time(item.finished_at), 'nowrap')));
-    if (!rows.length) {
-      rows.push(h('tr', {}, h('td', { class: 'empty', colspan: COLUMNS.length },
-        state.q || state.status ? 'No items match these filters.' : 'This job has no items.')));
-    }
-    const pages = Math.max(1, Math.ceil(page.total / PAGE));
-    const current = Math.floor(state.offset / PAGE) + 1;
-    fillTable(itemsTable, 'items-table', COLUMNS, rows, 'Items of the job');
-    replace(itemsPager, pager({ label: `Page ${current} of ${pages} · ${fmt.number(page.total)} items`, hasPrev: state.offset > 0,
-        hasNext: page.has_more, testid: 'items-pager',
-        onPrev: () => goto(Math.max(0, state.offset - PAGE)), onNext: () => goto(state.offset + PAGE) }));
+    fillTable(itemsTable, 'items-table', COLUMNS, rows, 'Items of the job',
+      state.q || state.status ? 'No items match these filters.' : 'This job has no items.');
+    replace(itemsPager, offsetPager({ offset: state.offset, size: PAGE, total: page.total, hasMore: page.has_more,
+      noun: 'items', testid: 'items-pager', goto }));
   }
 
   function goto(offset) {

@@ -2,7 +2,7 @@
 // string), 50 a page with a cursor stack for Previous, live progress (polled while a job on the page runs), Cancel.
 
 import { api } from '../api.js';
-import { badge, debounce, fillTable, h, keepFocus, labelled, link, pager, progress, replace, select, td } from '../dom.js';
+import { badge, debounce, fillTable, h, keepFocus, labelled, pager, progress, replace, select, td, to } from '../dom.js';
 import * as fmt from '../format.js';
 import { query, setQuery } from '../router.js';
 import { cancelJob } from '../actions.js';
@@ -48,13 +48,9 @@ export async function render(ctx) {
 
   function draw() {
     const rows = view.data.map((job) => row(job, reload, ctx));
-    if (!rows.length) {
-      const filtered = state.status || state.pipeline;
-      rows.push(h('tr', {}, h('td', { class: 'empty', colspan: COLUMNS.length },
-        filtered ? 'No jobs match these filters.' : 'No jobs yet. Submit one with POST /v1/jobs.')));
-    }
+    fillTable(tableSlot, 'jobs-table', COLUMNS, rows, 'Jobs, newest first', state.status || state.pipeline
+      ? 'No jobs match these filters.' : 'No jobs yet. Submit one with POST /v1/jobs.');
     const page = state.stack.length + 1;
-    fillTable(tableSlot, 'jobs-table', COLUMNS, rows, 'Jobs, newest first');
     replace(pagerSlot, pager({ label: `Page ${page}`, hasPrev: state.stack.length > 0, hasNext: view.has_more,
         onPrev: () => go(state.stack.pop() ?? ''), onNext: () => { state.stack.push(state.after); go(view.last_id); } }));
   }
@@ -95,7 +91,7 @@ function row(job, reload, ctx) {
       'aria-label': `Cancel job ${job.id}`, onclick: () => cancelJob(job.id, ctx).then((ok) => ok && reload()) }, 'Cancel')
     : null;
   return h('tr', { 'data-testid': 'job-row', 'data-job-id': job.id, 'data-status': job.status },
-    td(link(`/console/jobs/${encodeURIComponent(job.id)}`, job.id), 'id'),
+    td(to('jobs', job.id), 'id'),
     td(job.pipeline),
     td(badge(job.status), 'nowrap'),
     td(progress(done, total), 'nowrap'),

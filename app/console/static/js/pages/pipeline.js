@@ -37,9 +37,8 @@ export async function render(ctx) {
     view = await api(base, { signal: ctx.signal });
     if (!ctx.alive) return;
     const versions = (view.data || []).slice().sort((a, b) => b.version - a.version);
-    keepFocus(() => fillTable(tableBox, 'versions-table', COLUMNS, versions.length ? versions.map(row)
-      : [h('tr', {}, h('td', { class: 'empty', colspan: COLUMNS.length }, 'No stored versions yet.'))],
-    'Parameter versions, newest first'));
+    keepFocus(() => fillTable(tableBox, 'versions-table', COLUMNS, versions.map(row),
+      'Parameter versions, newest first', 'No stored versions yet.'));
     fillSelects(versions);
     await drawDiff();
   }

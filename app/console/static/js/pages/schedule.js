@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import { chartLegend, scoreChart } from '../chart.js';
-import { badge, facts, fillTable, h, keepFocus, link, replace, section, td, truncated } from '../dom.js';
+import { badge, facts, fillTable, h, keepFocus, replace, section, td, to, truncated } from '../dom.js';
 import * as fmt from '../format.js';
 import { navigate } from '../router.js';
 
@@ -27,7 +27,7 @@ export async function render(ctx) {
     h('div', { class: 'page-head' }, h('h1', {}, 'Schedule ', h('span', { class: 'mono' }, schedule.id)),
       h('span', { class: 'badge' }, schedule.enabled ? 'enabled' : 'paused')),
     h('div', { class: 'card', 'data-testid': 'schedule-summary' }, facts([
-      ['Pipeline', link(`/console/pipelines/${encodeURIComponent(schedule.pipeline)}`, schedule.pipeline)],
+      ['Pipeline', to('pipelines', schedule.pipeline)],
       ['Cron', h('code', {}, schedule.cron)],
       ['Regression margin', fmt.score(schedule.margin)],
       ['Next fire', fmt.time(schedule.next_fire_at)],
@@ -40,9 +40,8 @@ export async function render(ctx) {
   let shown = '';
   async function draw(view) {
     const data = view.data || [];
-    keepFocus(() => fillTable(runsBox, 'runs-table', COLUMNS, data.length ? data.map(runRow) : [h('tr', {},
-      h('td', { class: 'empty', colspan: COLUMNS.length }, 'No runs yet: the schedule has not fired.'))],
-    'Runs of the schedule, oldest first'));
+    keepFocus(() => fillTable(runsBox, 'runs-table', COLUMNS, data.map(runRow),
+      'Runs of the schedule, oldest first', 'No runs yet: the schedule has not fired.'));
     const regressed = data.filter((r) => r.regressed).length;
     const fingerprint = JSON.stringify(data.map((r) => [r.id, r.score, r.regressed]));
     if (fingerprint === shown) return; // nothing new to plot
@@ -85,7 +84,7 @@ function runRow(run) {
   const regressed = run.regressed === true;
   return h('tr', { 'data-testid': 'run-row', 'data-regressed': String(regressed), 'data-evaluation-id': run.id,
     class: regressed ? 'regressed' : null },
-  td(link(`/console/evaluations/${encodeURIComponent(run.id)}`, run.id), 'id'),
+  td(to('evaluations', run.id), 'id'),
   td(fmt.time(run.fire_time), 'nowrap'),
   td(run.parameter_version ?? '—', 'num'),
   td(badge(run.status), 'nowrap'),

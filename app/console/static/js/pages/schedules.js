@@ -1,6 +1,6 @@
 // pages/schedules.js: /console/schedules: the scheduled evaluations (cron, regression margin, next and last fire).
 
-import { h, link, td } from '../dom.js';
+import { h, td, to } from '../dom.js';
 import * as fmt from '../format.js';
 import { cursorList } from '../listing.js';
 
@@ -16,8 +16,8 @@ export function render(ctx) {
     columns: COLUMNS,
     empty: 'No schedules yet. Create one with POST /v1/evaluations/schedules.',
     row: (s) => h('tr', { 'data-testid': 'schedule-row', 'data-schedule-id': s.id },
-      td(link(`/console/schedules/${encodeURIComponent(s.id)}`, s.id), 'id'),
-      td(link(`/console/pipelines/${encodeURIComponent(s.pipeline)}`, s.pipeline)),
+      td(to('schedules', s.id), 'id'),
+      td(to('pipelines', s.pipeline)),
       td(h('code', {}, s.cron), 'nowrap'),
       td(fmt.score(s.margin), 'num'),
       td(s.enabled ? 'enabled' : 'paused'),

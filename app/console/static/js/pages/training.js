@@ -5,7 +5,7 @@
 import { api } from '../api.js';
 import { chartLegend, scoreChart } from '../chart.js';
 import { legend, wordDiff } from '../diffview.js';
-import { badge, facts, h, link, progress, replace, section, truncated } from '../dom.js';
+import { badge, facts, h, link, progress, replace, section, to, truncated } from '../dom.js';
 import * as fmt from '../format.js';
 import { versions } from './trainings.js';
 
@@ -30,7 +30,7 @@ export async function render(ctx) {
       h('div', { class: 'card', 'data-testid': 'training-summary', 'data-status': t.status },
         h('p', {}, progress(p.completed_steps, p.total_steps, 'training-progress'), ' ', h('span', { class: 'muted' }, 'steps')),
         facts([
-          ['Pipeline', link(`/console/pipelines/${encodeURIComponent(t.pipeline)}`, t.pipeline)],
+          ['Pipeline', to('pipelines', t.pipeline)],
           ['Versions', versions(t)],
           ['Epochs', String(t.epochs ?? '—')],
           ['Batch size', String(t.batch_size ?? '—')],

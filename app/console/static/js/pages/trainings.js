@@ -1,6 +1,6 @@
 // pages/trainings.js: /console/trainings: the trainings, newest first (pipeline, status, steps done, versions).
 
-import { badge, h, link, progress, td } from '../dom.js';
+import { badge, h, progress, td, to } from '../dom.js';
 import * as fmt from '../format.js';
 import { cursorList } from '../listing.js';
 
@@ -18,8 +18,8 @@ export function render(ctx) {
     row: (t) => {
       const p = t.progress || {};
       return h('tr', { 'data-testid': 'training-row', 'data-training-id': t.id, 'data-status': t.status },
-        td(link(`/console/trainings/${encodeURIComponent(t.id)}`, t.id), 'id'),
-        td(link(`/console/pipelines/${encodeURIComponent(t.pipeline)}`, t.pipeline)),
+        td(to('trainings', t.id), 'id'),
+        td(to('pipelines', t.pipeline)),
         td(badge(t.status), 'nowrap'),
         td(progress(p.completed_steps, p.total_steps, 'training-progress'), 'nowrap'),
         td(versions(t), 'nowrap'),
