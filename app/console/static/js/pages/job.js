@@ -39,7 +39,11 @@ export async function render(ctx) {
     labelled('Search', search), labelled('Status', statusSelect),
     h('label', { class: 'check' }, failures, 'Failures first'),
     h('span', { class: 'spacer' }), ...downloads);
-  replace(ctx.page, head, section('Items', controls, itemsBody), section('Trace', traceBody));
+  const traceButton = h('button', { type: 'button', class: 'secondary', 'data-testid': 'download-trace',
+    onclick: () => download(`${base}/trace`, {}, `${id}.trace.json`).catch(ctx.error) }, 'Download trace JSON');
+  replace(ctx.page, head, section('Items', controls, itemsBody),
+    section('Trace', h('p', { class: 'legend' }, 'One bar per node run, on lanes that never overlap; open the JSON in ',
+      'Perfetto or chrome://tracing for every detail. ', traceButton), traceBody));
 
   let job = null;
   let traceShownFor = null; // the job status the trace was drawn at
