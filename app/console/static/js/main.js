@@ -102,7 +102,7 @@ function context(controller, params) {
         if (controller.signal.aborted) return;
         let again = true;
         try {
-          again = await fn();
+          if (!document.hidden) again = await fn(); // a hidden tab asks nothing, and catches up when shown
         } catch (err) {
           ctx.error(err);
           if (err instanceof ApiError && err.status === 401) return;

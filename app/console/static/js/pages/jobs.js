@@ -1,5 +1,6 @@
 // pages/jobs.js: /console/jobs: the jobs, newest first, filtered by status and pipeline (kept in the query
-// string), 50 a page with a cursor stack for Previous, live progress (polled while a job on the page runs), Cancel.
+// string), 50 a page with a cursor stack for Previous, Cancel, and live progress: the first page is polled every
+// 1.5 s (new jobs appear), a later page while a job on it runs.
 
 import { api } from '../api.js';
 import { badge, debounce, fillTable, h, keepFocus, labelled, pager, progress, replace, select, td, to } from '../dom.js';
@@ -29,9 +30,11 @@ export async function render(ctx) {
   replace(ctx.page, h('div', { class: 'page-head' }, h('h1', {}, 'Jobs')), filters, body);
 
   let view = null;
+  // the first page refreshes all the time (new jobs appear on it), a later one while a job on it is live
+  const watching = () => !state.after || view.data.some((job) => fmt.isLive(job.status));
   const poller = ctx.poller(async () => {
     await load();
-    return view.data.some((job) => fmt.isLive(job.status));
+    return watching();
   });
 
   async function load() {
@@ -43,7 +46,7 @@ export async function render(ctx) {
     view = { ...answer, data: answer.data.filter((job) => !wanted || job.pipeline === wanted) };
     ctx.clearError();
     keepFocus(() => draw());
-    if (view.data.some((job) => fmt.isLive(job.status))) poller.ensure();
+    if (watching()) poller.ensure();
   }
 
   function draw() {
