@@ -109,8 +109,12 @@ def test_file_and_batch_answers(api: Api) -> None:
     done = api.wait("/v1/batches/{batch_id}", batch_id=batch["id"])
     assert done["status"] == "completed" and (done["output_file_id"] or done["error_file_id"])
     api.call("GET", "/v1/batches")
-    other = api.call("POST", "/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
-                                                  "completion_window": "24h"})
+    slow = [{**line, "body": {"model": "fake-model", "messages": [{"role": "user", "content": "slow"}]}}
+            for line in lines]
+    slow_file = api.call("POST", "/v1/files", data={"purpose": "batch"}, files={
+        "file": ("slow.jsonl", "".join(json.dumps(line) + "\n" for line in slow).encode(), "application/jsonl")})
+    other = api.call("POST", "/v1/batches", json={"input_file_id": slow_file["id"],
+                                                  "endpoint": "/v1/chat/completions", "completion_window": "24h"})
     api.call("POST", "/v1/batches/{batch_id}/cancel", ids={"batch_id": other["id"]})
     api.wait("/v1/batches/{batch_id}", batch_id=other["id"])
     spare = api.call("POST", "/v1/files", files={"file": ("in.jsonl", b'{"input": "x"}\n', "application/jsonl")},
@@ -152,8 +156,8 @@ def test_evaluation_and_schedule_answers(api: Api, tmp_path: Path) -> None:
     paired = api.call("GET", examples, ids={"evaluation_id": second["id"]}, query={"baseline": first["id"]})
     assert paired["summary"]["paired"] == 3
     api.call("GET", examples, ids={"evaluation_id": first["id"]}, query={"below": 0.5})
-    queued = api.call("POST", "/v1/evaluations", 201, json={"pipeline": "sentiment", "dataset": DATASET,
-                                                            "metric": "exact"})
+    queued = api.call("POST", "/v1/evaluations", 201, json={
+        "pipeline": "sentiment", "dataset": [{"input": "slow review", "target": "negative"}], "metric": "exact"})
     api.call("POST", "/v1/evaluations/{evaluation_id}/cancel", ids={"evaluation_id": queued["id"]})
 
     schedule = api.call("POST", "/v1/evaluations/schedules", 201, json={
