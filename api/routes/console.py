@@ -3,9 +3,12 @@ static assets under ``/console/static``. No data passes here: the pages read ``/
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
 
 from app.console import static_root
 
@@ -42,7 +45,17 @@ def console_page(page: str) -> FileResponse:
     return _shell()
 
 
+class _Revalidated(StaticFiles):
+    """The assets with ``Cache-Control: no-cache``: a browser keeps them but asks (ETag) before each use, so after
+    an upgrade it never runs old modules beside new ones."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
 def mount_console(app: FastAPI) -> None:
     """The assets first (a mount is matched before the pages' catch-all), then the pages."""
-    app.mount("/console/static", StaticFiles(directory=static_root()), name="console-static")
+    app.mount("/console/static", _Revalidated(directory=static_root()), name="console-static")
     app.include_router(router)

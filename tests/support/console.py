@@ -83,8 +83,9 @@ def serve_console() -> Iterator[Console]:
     require_browser()
     with temporary_database("infe_console") as url:
         upgrade(url)
+        # two calls at a time: a job of a few dozen items runs for seconds, so its progress can be seen moving
         config = Settings(database_url=url, api_keys=[f"acme:{ACME}", f"globex:{GLOBEX}"],
-                          jobs_poll_interval=0.05)
+                          jobs_poll_interval=0.05, default_max_concurrent=2)
         lm = ScriptedLM(console_reply, latency=0.15)
         app = create_app(config, jobs=JobsRuntime(config, resources=lm), backend=_backend())
         with ServerThread(app) as server:
