@@ -52,7 +52,7 @@ def list_job_views(
                 param="status",
             )
     jobs = repository.list_jobs(session, owner=owner, statuses=statuses, after=after, limit=limit + 1, kind=kind,
-                                pipeline=pipeline)
+                                pipeline=pipeline or None)
     page = jobs[:limit]
     metrics = repository.job_metrics_of(session, job_ids=[job.id for job in page])  # one query for the page
     return {

@@ -56,7 +56,7 @@ def compare_examples(
     drops against the baseline first and the examples without a pairing last."""
     _check(order, below, offset, limit)
     row = load_evaluation(session, evaluation_id, owner)
-    base = _baseline(session, baseline, owner) if baseline is not None else None
+    base = _baseline(session, baseline, owner) if baseline else None  # an empty baseline= is none
     outcomes = _outcomes(row)
     base_outcomes = _outcomes(base) if base is not None else []
     examples = _examples(session, row)

@@ -110,6 +110,7 @@ def test_examples_of_one_evaluation(server: tuple[TestClient, Classifier],
     answer = _examples(client, baseline["id"])
     assert answer["object"] == "list" and answer["evaluation_id"] == baseline["id"]
     assert answer["baseline_id"] is None and answer["total"] == 5 and answer["has_more"] is False
+    assert _examples(client, baseline["id"], baseline="") == answer  # an empty baseline is none
     assert answer["summary"] == {"count": 5, "mean": baseline["score"], "baseline_mean": None, "paired": 0,
                                  "improved": 0, "regressed": 0, "unchanged": 0}
     rows = answer["data"]

@@ -234,6 +234,8 @@ def test_jobs_listing_by_pipeline_with_usage(sqlite_client: TestClient, finished
     assert [job["id"] for job in by_path["data"]] == [compare["id"]]  # the name exactly as submitted
     assert sqlite_client.get("/v1/jobs", params={"pipeline": "sentiment"}, headers=GLOBEX).json()["data"] == []
     assert sqlite_client.get("/v1/jobs", params={"pipeline": "nope"}, headers=ACME).json()["data"] == []
+    unfiltered = sqlite_client.get("/v1/jobs", params={"pipeline": ""}, headers=ACME).json()["data"]
+    assert {job["id"] for job in unfiltered} >= {finished_job, compare["id"]}  # an empty filter is none
 
 
 # -- big jobs, on both databases ---------------------------------------------------------------------------------
