@@ -20,6 +20,7 @@ from app.db.optimization_models import Evaluation, RunStatus
 from app.db.repository import learning, runs
 from app.jobs.learning.evaluations import MAX_OUTPUT_CHARS, stored_output
 from app.jobs.learning.examples import compare_examples
+from app.jobs.registry import current_registry
 from app.jobs.runtime import JobsRuntime
 from app.pipeline.resources.types import LLMRequest
 from app.settings import Settings
@@ -181,6 +182,15 @@ def test_a_file_dataset(server: tuple[TestClient, Classifier]) -> None:
     gone = _examples(client, view["id"])["data"]  # the file is gone: the stored results remain
     assert [(r["input"], r["target"], r["output"]) for r in gone] == [
         (None, None, "positive"), (None, None, "negative")]
+
+
+def test_a_registered_dataset(server: tuple[TestClient, Classifier]) -> None:
+    client, _ = server
+    view = _evaluate(client, {"name": "sentiment:test"})
+    assert view["dataset"] == {"source": "registered", "file_id": None, "name": "sentiment:test", "examples": 75}
+    first = current_registry().dataset("sentiment:test")[0]
+    row = _examples(client, view["id"], limit=1)["data"][0]
+    assert (row["input"], row["target"]) == (first["input"], first["target"]) and row["output"] is not None
 
 
 @pytest.mark.parametrize(("params", "status", "param"), [
