@@ -40,7 +40,15 @@ from app.pipeline.optimization.judges import LLMJudge, LLMPreferenceLoss, LLMRan
 from app.pipeline.optimization.llm import JudgeResponseError
 from app.pipeline.optimization.loss import CompositeLoss, Loss, VerifierLoss, field_match
 from app.pipeline.optimization.optimizer import Optimizer, ParameterUpdate, SFAOptimizer
+from app.pipeline.optimization.pareto import ParetoFront
 from app.pipeline.optimization.propagation import BackwardPass, BackwardReport, propagate
+from app.pipeline.optimization.selection import (
+    Candidate,
+    SelectionOptimizer,
+    SelectionResult,
+    SelectionStep,
+    gate,
+)
 from app.pipeline.optimization.training import (
     EpochSummary,
     EvaluationResult,
@@ -62,6 +70,7 @@ __all__ = [
     "BackwardReport",
     "BackwardResult",
     "CallbackFeedbackSource",
+    "Candidate",
     "CompositeLoss",
     "ConsoleFeedbackSource",
     "DemoCandidate",
@@ -86,10 +95,14 @@ __all__ = [
     "Loss",
     "Optimizer",
     "ParameterUpdate",
+    "ParetoFront",
     "PollingFeedbackSource",
     "QueueFeedbackSource",
     "RubricLevel",
     "SFAOptimizer",
+    "SelectionOptimizer",
+    "SelectionResult",
+    "SelectionStep",
     "TracedOutput",
     "TrainingHistory",
     "TrainingStep",
@@ -100,6 +113,7 @@ __all__ = [
     "combine_feedback",
     "evaluate",
     "field_match",
+    "gate",
     "llm_backward",
     "split_output",
     "train",
