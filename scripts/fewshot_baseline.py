@@ -38,7 +38,7 @@ from app.pipeline.optimization import (
     evaluate,
 )
 
-TASK = "sentiment"
+TASK = "sentiment3"  # measured first on the three-way task; ``--task sentiment`` for the two-way example
 
 
 @dataclass
@@ -94,11 +94,11 @@ async def score_demos(manager: Any, demos: list[dict[str, Any]], test: list[dict
 
 async def fewshot_rows(
     manager: Any, shots: list[int], seeds: list[int], draw: str = "random", split: str = "test",
-    only: list[str] | None = None,
+    only: list[str] | None = None, task: str = TASK,
 ) -> list[Row]:
     """Every (shots, seed) configuration on ``split``; 0 shots is measured once (greedy decoding: no seed).
     ``only`` keeps the examples of those labels (both splits), e.g. a two-way task of positive and negative."""
-    train, test = load_split(TASK, "train"), load_split(TASK, split)
+    train, test = load_split(task, "train"), load_split(task, split)
     if only:
         train, test = ([e for e in rows if e["target"] in only] for rows in (train, test))
     rows = []
@@ -146,7 +146,7 @@ def resources(args: argparse.Namespace) -> Any:
 async def main_async(args: argparse.Namespace) -> list[Row]:
     manager = resources(args)
     try:
-        return await fewshot_rows(manager, args.shots, args.seeds, args.draw, args.split, args.labels)
+        return await fewshot_rows(manager, args.shots, args.seeds, args.draw, args.split, args.labels, args.task)
     finally:
         await manager.aclose()
 
@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--draw", choices=["random", "balanced"], default="random")
     parser.add_argument("--split", choices=["validation", "test"], default="test")
+    parser.add_argument("--task", choices=["sentiment3", "sentiment"], default=TASK)
     parser.add_argument("--labels", nargs="+", choices=labels(TASK), help="Keep only these labels' examples")
     parser.add_argument("--model", default=None, help="GGUF/HF path in process, or the endpoint's model name")
     parser.add_argument("--base-url", default=None, help="An OpenAI-compatible endpoint (with /v1) instead")
@@ -167,8 +168,8 @@ def main() -> None:
         parser.error("--base-url needs --model (the name the endpoint serves)")
     started = time.perf_counter()
     rows = asyncio.run(main_async(args))
-    kept = [e for e in load_split(TASK, args.split) if not args.labels or e["target"] in args.labels]
-    print(f"\n{TASK} {args.split} split ({len(kept)} reviews), draw {args.draw}; model "
+    kept = [e for e in load_split(args.task, args.split) if not args.labels or e["target"] in args.labels]
+    print(f"\n{args.task} {args.split} split ({len(kept)} reviews), draw {args.draw}; model "
           f"{args.model or 'SmolLM2-135M-Instruct (in process)'}; no optimizer")
     print(table(rows))
     print(f"\nwall time: {time.perf_counter() - started:.0f} s")

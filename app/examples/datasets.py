@@ -1,7 +1,10 @@
 """The labelled datasets shipped with the example pipelines, in fixed train / validation / test splits.
 
-* ``sentiment``: 300 product reviews written for this project, labelled ``positive``, ``negative`` or ``neutral``
-  (100 each; splits 150 / 75 / 75, each balanced); the target is the label.
+* ``sentiment``: 300 product reviews written for this project, labelled ``positive`` or ``negative`` (150 each;
+  splits 140 / 80 / 80, each balanced); the target is the label, the contract of the ``sentiment`` example.
+* ``sentiment3``: a harder three-way task, 300 reviews labelled ``positive``, ``negative`` or ``neutral`` (100 each;
+  splits 150 / 75 / 75, each balanced). Its positive and negative reviews are ``sentiment``'s and sit in the same
+  split there, so no review is trained on in one task and tested on in the other.
 * ``review-extract``: 180 reviews for the structured example, the target a ``ReviewFacts`` record
   (``{"sentiment": "positive"|"negative"|"mixed", "rating": 1-5, "would_recommend": bool}``, 60 per sentiment;
   splits 90 / 45 / 45, each balanced), scored field by field with the metric ``fields``.
@@ -22,7 +25,7 @@ from importlib import resources
 from typing import Any
 
 #: the shipped tasks (named like the pipelines they label) and the files that hold them
-TASKS = {"sentiment": "sentiment", "review-extract": "review_extract"}
+TASKS = {"sentiment": "sentiment", "sentiment3": "sentiment3", "review-extract": "review_extract"}
 SPLITS = ("train", "validation", "test")
 
 

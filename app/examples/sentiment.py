@@ -1,8 +1,8 @@
 """The training example: a one-call review classifier whose system prompt is learnable.
 
 Its starting prompt does not say how to answer, so a chat model replies with a sentence; trained with a verifier
-that wants exactly the label, ``positive``, ``negative`` or ``neutral`` (``inf-engine train sentiment ...``,
-``metric: "exact"``), the optimizer rewrites the prompt from the verifier's feedback. Its labelled data ships
+that wants exactly the label, ``positive`` or ``negative`` (``inf-engine train sentiment ...``,
+``metric: "exact"``), the optimizer searches the prompt and few-shot demonstrations. Its labelled data ships
 beside it: ``"dataset": "sentiment:train"`` (and ``:validation``, ``:test``; see ``app.examples.datasets``).
 """
 
@@ -12,7 +12,7 @@ from app.pipeline import LLMInference, Module, Parameter
 
 
 class SentimentLabel(Module):
-    """Label a product review as positive, negative or neutral with one LLM call."""
+    """Label a product review as positive or negative with one LLM call."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -21,7 +21,7 @@ class SentimentLabel(Module):
             system_prompt=Parameter(
                 "You read product reviews.",
                 description="System prompt of the review classifier; the answer must be exactly one word, "
-                            "positive, negative or neutral",
+                            "positive or negative",
             ),
             temperature=0.0,
             max_tokens=8,

@@ -14,10 +14,12 @@ from app.jobs.graphs import trace_item
 from app.pipeline.optimization import field_match
 
 SIZES = {
-    "sentiment": {"train": 150, "validation": 75, "test": 75},
+    "sentiment": {"train": 140, "validation": 80, "test": 80},
+    "sentiment3": {"train": 150, "validation": 75, "test": 75},
     "review-extract": {"train": 90, "validation": 45, "test": 45},
 }
-PIPELINES = {"sentiment": SentimentLabel, "review-extract": Extract}
+PIPELINES = {"sentiment": SentimentLabel, "sentiment3": SentimentLabel, "review-extract": Extract}
+CLASSES = {"sentiment": 2, "sentiment3": 3, "review-extract": 3}
 
 
 def _key(text: str) -> str:
@@ -27,7 +29,7 @@ def _key(text: str) -> str:
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_each_split_has_its_size_and_is_balanced_across_labels(task: str) -> None:
     classes = labels(task)
-    assert len(classes) == 3
+    assert len(classes) == CLASSES[task]
     for split in SPLITS:
         examples = load_split(task, split)
         assert len(examples) == SIZES[task][split]
@@ -39,17 +41,26 @@ def test_each_split_has_its_size_and_is_balanced_across_labels(task: str) -> Non
 
 def test_no_input_repeats_within_or_across_splits_or_tasks() -> None:
     seen: dict[str, str] = {}
-    for task in TASKS:
+    for task in ("sentiment", "review-extract"):
         for split in SPLITS:
             for example in load_split(task, split):
                 key = _key(example["input"])
                 assert key not in seen, f"{task}:{split} repeats an input of {seen.get(key)}: {example['input']!r}"
                 seen[key] = f"{task}:{split}"
     assert len(seen) == 480
+    # the three-way task shares sentiment's positive and negative reviews, each in the same split there
+    for split in SPLITS:
+        for example in load_split("sentiment3", split):
+            key = _key(example["input"])
+            if example["target"] == "neutral":
+                assert key not in seen, example
+            else:
+                assert seen[key] == f"sentiment:{split}", example
 
 
 def test_targets_are_what_the_pipelines_and_metrics_expect() -> None:
-    assert labels("sentiment") == ["negative", "neutral", "positive"]
+    assert labels("sentiment") == ["negative", "positive"]  # the example's two-way contract
+    assert labels("sentiment3") == ["negative", "neutral", "positive"]
     for split in SPLITS:
         for example in load_split("review-extract", split):
             facts = ReviewFacts.model_validate(example["target"])
@@ -72,7 +83,7 @@ def test_loading_gives_fresh_lists_and_every_split_is_named() -> None:
     loaders = shipped_datasets()
     assert sorted(loaders) == sorted(f"{task}:{split}" for task in TASKS for split in SPLITS)
     assert loaders["review-extract:test"]() == load_split("review-extract", "test")
-    with pytest.raises(KeyError, match="shipped: review-extract, sentiment"):
+    with pytest.raises(KeyError, match="shipped: review-extract, sentiment, sentiment3"):
         load_split("reviews", "train")
     with pytest.raises(KeyError, match="train, validation, test"):
         load_split("sentiment", "dev")

@@ -12,7 +12,7 @@ from tests.support.fakes import ScriptedLM
 
 
 def test_draws_are_seeded_from_train_and_balanced_when_asked() -> None:
-    train = load_split("sentiment", "train")
+    train = load_split("sentiment3", "train")
     inputs = {e["input"] for e in train}
     balanced = draw_demos(train, 6, 0, "balanced")
     assert Counter(d["output"] for d in balanced) == {"positive": 2, "negative": 2, "neutral": 2}
@@ -21,7 +21,7 @@ def test_draws_are_seeded_from_train_and_balanced_when_asked() -> None:
 
 
 async def test_rows_report_accuracy_per_label_and_the_answers() -> None:
-    truth = {e["input"]: e["target"] for e in load_split("sentiment", "test")}
+    truth = {e["input"]: e["target"] for e in load_split("sentiment3", "test")}
 
     def reply(alias: str, request: LLMRequest) -> str:
         if not isinstance(request.prompt, list):
