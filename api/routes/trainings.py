@@ -33,7 +33,7 @@ class TrainingCreate(RequestBody):
     """The body of ``POST /v1/trainings``."""
 
     model_config = ConfigDict(extra="forbid")
-    data_lists = frozenset({"dataset", "eval_dataset"})
+    data_lists = frozenset({"dataset", "eval_dataset", "validation_dataset"})
 
     pipeline: str = Field(min_length=1)
     dataset: list[Any] | str | dict[str, Any] = Field(validation_alias=AliasChoices("dataset", "dataset_file_id"))
@@ -45,6 +45,7 @@ class TrainingCreate(RequestBody):
     seed: int | None = None
     shuffle: bool = True
     eval_dataset: list[Any] | str | dict[str, Any] | None = None
+    validation_dataset: list[Any] | str | dict[str, Any] | None = None
     activate: bool = True
     max_concurrent: int | None = Field(default=None, ge=1)
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -28,14 +28,38 @@ class TrainingStep(BaseModel):
     errors: dict[str, Any]
 
 
+class TrainingCandidate(BaseModel):
+    """One candidate a selection-gated (gepa) training measured."""
+
+    id: int
+    parent: int | None = Field(description="The candidate it was proposed from (null for the seed)")
+    step: int
+    kind: Literal["seed", "instruction", "demos"]
+    state: dict[str, Any] = Field(description="Its learnable values: instructions and demonstrations")
+    changed: list[str] = Field(description="The parameters that differ from its parent")
+    minibatch: list[int] = Field(description="Training example indices it was scored on")
+    parent_minibatch_score: float | None
+    minibatch_score: float | None
+    parent_scores: list[float]
+    scores: list[float]
+    gain: float | None = Field(description="Mean paired gain over the parent on the minibatch")
+    noise: float | None = Field(description="noise_z standard errors of that gain; accepted only above it")
+    accepted: bool
+    val_score: float | None
+    val_scores: list[float] | None
+    best: bool = Field(description="It became the best (active) candidate when validated")
+    note: str
+
+
 class Training(BaseModel):
-    """A training run; ``steps`` only in the single-training view."""
+    """A training run; ``steps`` (and ``candidates``) only in the single-training view."""
 
     id: str
     object: Literal["training"]
     pipeline: str
     status: RunStatus
     epochs: int | None
+    validation_dataset: Any = None
     batch_size: int | None
     seed: int | None
     loss: Any
@@ -50,6 +74,7 @@ class Training(BaseModel):
     started_at: Unix | None
     finished_at: Unix | None
     steps: list[TrainingStep] | None = None
+    candidates: list[TrainingCandidate] | None = None
 
 
 class TrainingList(Page):

@@ -109,8 +109,10 @@ def train_command(
     loss: LossOption = None,
     metric: MetricOption = None,
     eval_dataset: Annotated[Path | None, typer.Option(help="Held-out JSONL: scored before and after each epoch")] = None,
+    validation_dataset: Annotated[Path | None, typer.Option(
+        help="JSONL the gepa optimizer chooses on (default: a third of the dataset held out)")] = None,
     optimizer: Annotated[str | None, typer.Option(
-        help='Optimizer settings as JSON, e.g. \'{"type": "sfa", "conservatism": 0.7}\'')] = None,
+        help='Optimizer settings as JSON, e.g. \'{"type": "gepa", "budget": 600}\' (the default) or \'{"type": "sfa"}\'')] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the dataset")] = 1,
     batch_size: Annotated[int, typer.Option(min=1, help="Examples per optimizer step")] = 4,
     seed: Annotated[int | None, typer.Option(help="Shuffling seed (reproducible batches)")] = None,
@@ -127,6 +129,8 @@ def train_command(
         }
         if eval_dataset is not None:
             body["eval_dataset"] = _examples(eval_dataset)
+        if validation_dataset is not None:
+            body["validation_dataset"] = _examples(validation_dataset)
         if optimizer is not None:
             body["optimizer"] = _json_option(optimizer, "--optimizer")
         created = client.request("POST", "/v1/trainings", json=body)
@@ -155,6 +159,9 @@ def _training_summary(view: dict[str, Any]) -> None:
     if view["status"] == "completed":
         line += f", versions {view['base_version']} → {view['final_version']}"
         line += " (active)" if result.get("activated") else ""
+        if result.get("val_scores"):
+            line += ", validation " + " → ".join(_fmt(s) for s in result["val_scores"][:1] + result["val_scores"][-1:])
+            line += f" ({result.get('metric_calls')} metric calls, {result.get('accepted')} candidates accepted)"
         if result.get("eval_scores"):
             line += ", held-out " + " → ".join(_fmt(s) for s in result["eval_scores"])
     elif view.get("error"):

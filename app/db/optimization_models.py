@@ -73,6 +73,8 @@ class TrainingStepRow(Base):
     updates: Mapped[list[Any]] = mapped_column(JSONDoc, default=list)  # ParameterUpdate.to_dict() of the step
     errors: Mapped[dict[str, Any]] = mapped_column(JSONDoc, default=dict)  # dataset index -> error
     version: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the parameter version it produced
+    # the candidates a selection-gated step proposed (Candidate.to_dict()); None for an SFA step
+    candidates: Mapped[list[Any] | None] = mapped_column(JSONDoc, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

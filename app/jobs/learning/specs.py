@@ -27,7 +27,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app import json_limits
@@ -46,6 +46,7 @@ from app.pipeline.optimization import (
     LLMRubricLoss,
     Loss,
     Optimizer,
+    SelectionOptimizer,
     SFAOptimizer,
     VerifierLoss,
     field_match,
@@ -54,7 +55,7 @@ from app.pipeline.optimization.training import as_example
 
 CHECKS = ("exact", "contains", "regex", "number", "fields")
 LOSS_TYPES = ("verifier", "rubric", "judge", "preference", "composite", "human", "python")
-OPTIMIZER_TYPES = ("sfa", "basic")
+OPTIMIZER_TYPES = ("gepa", "sfa", "basic")
 
 #: what builds a human-feedback source for a training (None where human feedback cannot be asked: evaluations)
 HumanSourceFactory = Callable[[], FeedbackSource] | None
@@ -401,13 +402,35 @@ def _registered(kind: str, name: Any, param: str) -> Any:
 
 
 # -- optimizers -------------------------------------------------------------------------------------------------
+#: the selection-gated optimizer's settings, their defaults and bounds (``{"type": "gepa", "budget": 600, ...}``)
+SELECTION_FIELDS: dict[str, tuple[int, int, int]] = {
+    "budget": (600, 1, 1_000_000),  # metric calls: one per example scored
+    "candidates_per_step": (4, 1, 32),
+    "minibatch_size": (8, 1, 1000),
+    "max_demos": (4, 1, 32),
+}
+SFA_FIELDS = ("conservatism", "max_retries", "max_tokens", "reasoning_model")
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
-    type: str = "sfa"
+    type: str = "gepa"
     conservatism: float = 0.7
     max_retries: int = 3
     max_tokens: int | None = 512
     reasoning_model: str | None = None
+    budget: int = 600
+    candidates_per_step: int = 4
+    minibatch_size: int = 8
+    max_demos: int = 4
+    noise_z: float = 1.0
+    demonstrations: bool = True
+    rewrite_instructions: bool = True
+
+    @property
+    def selection(self) -> bool:
+        """The selection-gated optimizer (``SelectionOptimizer``) rather than a feedback-ascent one."""
+        return self.type == "gepa"
 
     def build(self, params: Any) -> Optimizer:
         if self.type == "basic":
@@ -416,43 +439,85 @@ class OptimizerSpec:
         return SFAOptimizer(params, self.conservatism, self.max_retries, reasoning_model=self.reasoning_model,
                             max_tokens=self.max_tokens)
 
+    def build_selection(self, module: Any, loss: Loss, *, seed: int | None,
+                        on_step: Callable[[Any], Any] | None = None) -> SelectionOptimizer:
+        return SelectionOptimizer(
+            module, loss, budget=self.budget, candidates_per_step=self.candidates_per_step,
+            minibatch_size=self.minibatch_size, max_demos=self.max_demos, noise_z=self.noise_z,
+            seed=seed if seed is not None else 0, demonstrations=self.demonstrations,
+            rewrite_instructions=self.rewrite_instructions, conservatism=self.conservatism,
+            max_tokens=self.max_tokens, on_step=on_step,
+        )
+
     def aliases(self) -> list[str]:
+        if self.selection and not self.rewrite_instructions:
+            return []
         aliases = [Optimizer.AGGREGATOR_ALIAS, Optimizer.UPDATER_ALIAS]
-        return aliases + ([Optimizer.REASONING_ALIAS] if self.reasoning_model else [])
+        return aliases + ([Optimizer.REASONING_ALIAS] if self.reasoning_model and not self.selection else [])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "conservatism": self.conservatism, "max_retries": self.max_retries,
-                "max_tokens": self.max_tokens, "reasoning_model": self.reasoning_model}
+        data: dict[str, Any] = {"type": self.type, "conservatism": self.conservatism, "max_retries": self.max_retries,
+                                "max_tokens": self.max_tokens, "reasoning_model": self.reasoning_model}
+        if self.selection:
+            data.update({name: getattr(self, name) for name in SELECTION_FIELDS})
+            data.update(noise_z=self.noise_z, demonstrations=self.demonstrations,
+                        rewrite_instructions=self.rewrite_instructions)
+            del data["max_retries"], data["reasoning_model"]
+        return data
 
 
 def parse_optimizer(data: Any) -> OptimizerSpec:
+    """The optimizer of a request: ``gepa`` (the default: selection-gated, with demonstrations), ``sfa`` or
+    ``basic``; every field checked, an unknown one named."""
     if data is None:
-        return OptimizerSpec()
-    if isinstance(data, str):  # just the type: "sfa" or "basic"
+        data = {"type": "gepa"}
+    if isinstance(data, str):  # just the type: "gepa", "sfa" or "basic"
         data = {"type": data}
     if not isinstance(data, Mapping):
-        raise InvalidJobInput("optimizer must be an object, e.g. {\"type\": \"sfa\", \"conservatism\": 0.7}, or a type",
+        raise InvalidJobInput("optimizer must be an object, e.g. {\"type\": \"gepa\", \"budget\": 600}, or a type",
                               param="optimizer")
-    unknown = sorted(set(data) - {"type", "conservatism", "max_retries", "max_tokens", "reasoning_model"})
-    if unknown:
-        raise InvalidJobInput(f"optimizer has unknown field(s) {unknown}; known: type, conservatism, max_retries, "
-                              "max_tokens, reasoning_model", param="optimizer")
-    kind = data.get("type", "sfa")
+    kind = data.get("type", "gepa")
     if kind not in OPTIMIZER_TYPES:
         raise InvalidJobInput(f"optimizer.type must be one of {', '.join(OPTIMIZER_TYPES)}, got {kind!r}",
                               param="optimizer")
-    conservatism = data.get("conservatism", 0.7)
+    selection_only = (*SELECTION_FIELDS, "noise_z", "demonstrations", "rewrite_instructions")
+    known = ("type", "conservatism", "max_tokens", *selection_only) if kind == "gepa" else ("type", *SFA_FIELDS)
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise InvalidJobInput(f"optimizer has unknown field(s) {unknown} for type {kind!r}; known: "
+                              f"{', '.join(known)}", param="optimizer")
+    conservatism = data.get("conservatism", 0.5 if kind == "gepa" else 0.7)
     if not isinstance(conservatism, int | float) or isinstance(conservatism, bool) or not 0 <= conservatism <= 1:
         raise InvalidJobInput("optimizer.conservatism must be a number within [0, 1] (1 = minimal edits)",
                               param="optimizer")
     max_retries = data.get("max_retries", 3)
     if not isinstance(max_retries, int) or isinstance(max_retries, bool) or not 0 <= max_retries <= 10:
         raise InvalidJobInput("optimizer.max_retries must be an integer within [0, 10]", param="optimizer")
-    max_tokens = data.get("max_tokens", 512)
+    max_tokens = data.get("max_tokens", 256 if kind == "gepa" else 512)
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise InvalidJobInput("optimizer.max_tokens must be a positive integer (or null for the model's limit)",
                               param="optimizer")
     reasoning = data.get("reasoning_model")
     if reasoning is not None and (not isinstance(reasoning, str) or not reasoning.strip()):
         raise InvalidJobInput("optimizer.reasoning_model must be a model name (or null)", param="optimizer")
-    return OptimizerSpec(str(kind), float(conservatism), max_retries, max_tokens, reasoning)
+    spec = OptimizerSpec(str(kind), float(conservatism), max_retries, max_tokens, reasoning)
+    return _selection_settings(spec, data) if kind == "gepa" else spec
+
+
+def _selection_settings(spec: OptimizerSpec, data: Mapping[str, Any]) -> OptimizerSpec:
+    values: dict[str, Any] = {}
+    for name, (default, low, high) in SELECTION_FIELDS.items():
+        value = data.get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise InvalidJobInput(f"optimizer.{name} must be an integer within [{low}, {high}], got {value!r}",
+                                  param="optimizer")
+        values[name] = value
+    noise_z = data.get("noise_z", 1.0)
+    if not isinstance(noise_z, int | float) or isinstance(noise_z, bool) or not 0 <= noise_z <= 10:
+        raise InvalidJobInput("optimizer.noise_z must be a number within [0, 10] (standard errors a candidate's "
+                              "minibatch gain must exceed)", param="optimizer")
+    for name in ("demonstrations", "rewrite_instructions"):
+        if not isinstance(data.get(name, True), bool):
+            raise InvalidJobInput(f"optimizer.{name} must be true or false", param="optimizer")
+    return replace(spec, **values, noise_z=float(noise_z), demonstrations=data.get("demonstrations", True),
+                   rewrite_instructions=data.get("rewrite_instructions", True))

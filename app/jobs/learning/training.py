@@ -38,9 +38,17 @@ from app.jobs.learning.common import (
     stored_dataset,
 )
 from app.jobs.learning.feedback import database_source
-from app.jobs.learning.specs import build_loss, loss_spec_of, parse_optimizer
+from app.jobs.learning.selection import (
+    best_changes,
+    candidate_views,
+    check_budget,
+    estimated_steps,
+    split_validation,
+    step_values,
+)
+from app.jobs.learning.specs import OptimizerSpec, build_loss, loss_spec_of, parse_optimizer
 from app.jobs.submission import Limits
-from app.pipeline.optimization import QueueFeedbackSource, TrainingStep, train
+from app.pipeline.optimization import QueueFeedbackSource, SelectionStep, TrainingStep, train
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,7 @@ class TrainingRequest:
     seed: int | None = None
     shuffle: bool = True
     eval_dataset: Any = None
+    validation_dataset: Any = None  # what the gepa optimizer chooses on (default: a third of dataset held out)
     activate: bool = True
     max_concurrent: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -93,9 +102,17 @@ def submit_training(session: Session, request: TrainingRequest, *, owner: str = 
     loss_spec = loss_spec_of(request.loss, request.metric)
     build_loss(loss_spec, human=QueueFeedbackSource)  # checks the spec; the run builds its own
     optimizer = parse_optimizer(request.optimizer)
+    total_steps = steps_of(len(examples), request.batch_size, request.epochs)
+    if optimizer.selection:
+        total_steps = _selection_steps(session, request, examples, module, optimizer, owner, limits)
+    elif request.validation_dataset is not None:
+        raise InvalidJobInput("validation_dataset is what the gepa optimizer chooses on; the sfa and basic "
+                              "optimizers take eval_dataset (scored after each epoch)", param="validation_dataset")
     stored = {
         "dataset": stored_dataset(request.dataset),
         "eval_dataset": None if request.eval_dataset is None else stored_dataset(request.eval_dataset),
+        "validation_dataset": (None if request.validation_dataset is None
+                               else stored_dataset(request.validation_dataset)),
         "loss": loss_spec,
         "optimizer": optimizer.to_dict(),
         "epochs": request.epochs,
@@ -109,8 +126,23 @@ def submit_training(session: Session, request: TrainingRequest, *, owner: str = 
     }
     return repo.create_training(
         session, training_id=new_training_id(), pipeline_id=pipeline.id, pipeline_name=request.pipeline,
-        owner=owner, request=storable(stored), total_steps=steps_of(len(examples), request.batch_size, request.epochs),
+        owner=owner, request=storable(stored), total_steps=total_steps,
     )
+
+
+def _selection_steps(session: Session, request: TrainingRequest, examples: list[Any], module: Any,
+                     optimizer: OptimizerSpec, owner: str, limits: Limits) -> int:
+    """Check what the gepa optimizer needs (a validation set, a budget that pays for a step) and estimate its
+    steps."""
+    validation = None
+    if request.validation_dataset is not None:
+        validation = load_examples(session, request.validation_dataset, owner=owner, limits=limits,
+                                   param="validation_dataset")
+        check_examples_fit(module, validation, request.pipeline, param="validation_dataset")
+    train, held = split_validation(examples, validation, request.seed)
+    check_budget(optimizer.budget, optimizer.minibatch_size, len(train), len(held))
+    return estimated_steps(optimizer.budget, optimizer.minibatch_size, optimizer.candidates_per_step, len(train),
+                           len(held))
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
@@ -130,6 +162,7 @@ def training_view(row: Training, steps: list[Any] | None = None) -> dict[str, An
         "pipeline": row.pipeline_name,
         "status": row.status,
         "epochs": request.get("epochs"),
+        "validation_dataset": request.get("validation_dataset"),
         "batch_size": request.get("batch_size"),
         "seed": request.get("seed"),
         "loss": request.get("loss"),
@@ -150,6 +183,7 @@ def training_view(row: Training, steps: list[Any] | None = None) -> dict[str, An
              "version": s.version, "updates": s.updates, "errors": s.errors}
             for s in steps
         ]
+        view["candidates"] = candidate_views(steps)
     return view
 
 
@@ -198,10 +232,13 @@ class TrainingRun(SupervisedRun):
         setup = await asyncio.to_thread(self._setup)
         if setup is None:
             return
-        module, examples, held_out, request, owner = setup
+        module, examples, held_out, validation, request, owner = setup
         loss = build_loss(request["loss"], human=lambda: database_source(
             self.sessions, training_id=self.id, owner=owner, interval=self.feedback_poll)).loss
         spec = parse_optimizer(request["optimizer"])
+        if spec.selection:
+            await self._run_selection(module, examples, validation, loss, spec, request)
+            return
         optimizer = spec.build(module.parameters())
         aliases = pipeline_aliases(module) + spec.aliases() + _loss_aliases(request["loss"])
         resources = endpoints_for(self.resources_for, aliases)
@@ -229,7 +266,7 @@ class TrainingRun(SupervisedRun):
             row = runs.get_run(session, Training, run_id=self.id)
             return row.status if row is not None else None
 
-    def _setup(self) -> tuple[Any, list[Any], list[Any] | None, dict[str, Any], str] | None:
+    def _setup(self) -> tuple[Any, list[Any], list[Any] | None, list[Any] | None, dict[str, Any], str] | None:
         """Load the training, its pipeline and datasets; record the version it starts from. None when the
         training cannot run (and was failed here)."""
         with session_scope(self.sessions) as session:
@@ -255,6 +292,10 @@ class TrainingRun(SupervisedRun):
             if request.get("eval_dataset") is not None:
                 held_out = load_examples(session, request["eval_dataset"], owner=row.owner, limits=limits,
                                          param="eval_dataset")
+            validation = None
+            if request.get("validation_dataset") is not None:
+                validation = load_examples(session, request["validation_dataset"], owner=row.owner, limits=limits,
+                                           param="validation_dataset")
             module = module_for(pipeline)
             if not repository.parameter_versions(session, pipeline_id=pipeline.id):
                 # the first training of a pipeline stores its code's values as version 1, so they can be restored
@@ -267,7 +308,57 @@ class TrainingRun(SupervisedRun):
             else:
                 base = pipeline.parameter_version
             runs.set_progress(session, Training, run_id=self.id, base_version=base)
-            return module, examples, held_out, request, row.owner
+            return module, examples, held_out, validation, request, row.owner
+
+    # -- the selection-gated optimizer ---------------------------------------------------------------------------
+    async def _run_selection(self, module: Any, examples: list[Any], validation: list[Any] | None, loss: Any,
+                             spec: OptimizerSpec, request: dict[str, Any]) -> None:
+        train, held = split_validation(examples, validation, request.get("seed"))
+        best_state: dict[str, Any] = {}
+
+        def store(step: SelectionStep) -> Any:
+            nonlocal best_state
+            changes = best_changes(step, best_state)
+            if step.step == 0 or changes:
+                best_state = dict(next(c for c in step.candidates if c.best).state)
+            return asyncio.to_thread(self._store_selection_step, module, step, changes)
+
+        optimizer = spec.build_selection(module, loss, seed=request.get("seed"), on_step=store)
+        aliases = pipeline_aliases(module) + optimizer.required_aliases() + _loss_aliases(request["loss"])
+        resources = endpoints_for(self.resources_for, aliases)
+        result = await optimizer.fit(train, held, resources=resources, max_concurrent=request.get("max_concurrent"))
+        summary = {
+            "optimizer": "gepa", "metric_calls": result.metric_calls, "budget": result.budget,
+            "stopped": result.stopped, "steps": len(result.steps), "candidates": len(result.candidates),
+            "accepted": sum(1 for c in result.candidates[1:] if c.accepted), "best_candidate": result.best.id,
+            "val_scores": result.best_val_scores, "val_score": result.best.val_score,
+            "train_examples": len(train), "validation_examples": len(held),
+            "initial_state": to_jsonable(result.initial_state), "final_state": to_jsonable(result.final_state),
+        }
+        await asyncio.to_thread(self._complete, summary, {}, bool(request.get("activate", True)))
+
+    def _store_selection_step(self, module: Any, step: SelectionStep, changes: list[dict[str, Any]]) -> None:
+        """One step and its candidates; a new best (by validation score) becomes a stored parameter version,
+        scored with its validation mean, so the versions a training adds only rise in score."""
+        best = next((c for c in step.candidates if c.best), None)
+        with session_scope(self.sessions) as session:
+            row = runs.get_run(session, Training, run_id=self.id)
+            assert row is not None
+            version: ParameterVersion | None = None
+            if changes and best is not None:
+                version = repo.append_parameter_version(
+                    session, pipeline_id=row.pipeline_id, state=to_jsonable({**module.state_dict(), **best.state}),
+                    note=f"training {self.id}, step {step.step}: candidate {best.id}",
+                    metadata={"source": "training", "training_id": self.id, "step": step.step,
+                              "candidate": best.id, "val_score": best.val_score, "updates": to_jsonable(changes)},
+                    activate=False,
+                )
+                repo.set_version_score(session, pipeline_id=row.pipeline_id, version=version.version,
+                                       score=best.val_score)
+                self._versions.append((0, version.version))
+            repo.add_training_step(session, training_id=self.id,
+                                   values=step_values(step, changes, version.version if version else None))
+            runs.set_progress(session, Training, run_id=self.id, completed_steps=min(step.step, row.total_steps))
 
     def _store_step(self, module: Any, step: TrainingStep) -> None:
         changed = [u.to_dict() for u in step.updates if u.changed]

@@ -162,7 +162,7 @@ def test_human_feedback_over_rest_drives_a_training(api: Harness) -> None:
     loss = {"type": "human", "kind": "rubric", "criteria": "Is the answer a single label?",
             "rubric": {"1": "a sentence", "5": "one word"}}
     created = api.post("/v1/trainings", {"pipeline": "sentiment", "dataset": DATASET[:2], "loss": loss,
-                                         "epochs": 1, "batch_size": 2, "seed": 1})
+                                         "optimizer": "sfa", "epochs": 1, "batch_size": 2, "seed": 1})
     answered: list[str] = []
     problems: list[str] = []
 
@@ -200,7 +200,8 @@ def test_human_feedback_over_rest_drives_a_training(api: Harness) -> None:
 
 def test_cancel_a_training_waiting_for_people(api: Harness) -> None:
     loss = {"type": "human", "kind": "freeform"}
-    created = api.post("/v1/trainings", {"pipeline": "sentiment", "dataset": DATASET[:1], "loss": loss})
+    created = api.post("/v1/trainings", {"pipeline": "sentiment", "dataset": DATASET[:1], "loss": loss,
+                                         "optimizer": "sfa"})
     deadline = time.monotonic() + 10
     while not api.get("/v1/feedback/pending")["data"]:
         assert time.monotonic() < deadline
@@ -221,7 +222,7 @@ def test_datasets_from_uploaded_files(api: Harness) -> None:
     assert upload.status_code in (200, 201), upload.text
     file_id = upload.json()["id"]
     created = api.post("/v1/trainings", {"pipeline": "sentiment", "dataset": file_id, "metric": "exact",
-                                         "batch_size": 4})
+                                         "optimizer": "sfa", "batch_size": 4})
     assert created["progress"]["total_steps"] == 1
     done = api.wait(f"/v1/trainings/{created['id']}")
     assert done["status"] == "completed" and done["steps"][0]["score"] == 0.0

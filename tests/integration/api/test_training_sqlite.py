@@ -30,7 +30,7 @@ def test_training_and_evaluation_on_sqlite(tmp_path: Path) -> None:
     config = Settings(data_dir=tmp_path / "state", jobs_poll_interval=0.05)
     app = create_app(config, backend=FakeBackend(), jobs=JobsRuntime(config, resources=ScriptedLM(scripted)))
     with TestClient(app) as client:
-        created = client.post("/v1/trainings", json={"pipeline": "sentiment", "dataset": DATASET, "metric": "exact",
+        created = client.post("/v1/trainings", json={"pipeline": "sentiment", "dataset": DATASET, "metric": "exact", "optimizer": "sfa",
                                                       "batch_size": 4})
         assert created.status_code == 201, created.text
         done = _wait(client, f"/v1/trainings/{created.json()['id']}")
@@ -54,7 +54,7 @@ def test_without_resources_training_uses_the_servers_backend(tmp_path: Path) -> 
     backend = FakeBackend()  # answers "echo: <prompt>" for the pipeline, the aggregator and the updater alike
     config = Settings(data_dir=tmp_path / "state", jobs_poll_interval=0.05)
     with TestClient(create_app(config, backend=backend)) as client:
-        created = client.post("/v1/trainings", json={"pipeline": "sentiment", "dataset": DATASET[:2],
+        created = client.post("/v1/trainings", json={"pipeline": "sentiment", "dataset": DATASET[:2], "optimizer": "sfa",
                                                       "metric": "exact", "batch_size": 2})
         assert created.status_code == 201, created.text
         done = _wait(client, f"/v1/trainings/{created.json()['id']}")
@@ -78,7 +78,7 @@ def test_a_request_names_a_shipped_dataset(tmp_path: Path) -> None:
                                                           "metric": "exact"})
         assert evaluation.status_code == 201, evaluation.text
         assert _wait(client, f"/v1/evaluations/{evaluation.json()['id']}")["score"] == 1.0
-        assert len(lm.calls) == 75
+        assert len(lm.calls) == 80
         refused = client.post("/v1/evaluations", json={"pipeline": "sentiment", "dataset": "../reviews.jsonl",
                                                        "metric": "exact"})
         assert refused.status_code == 400 and "registered dataset" in refused.json()["error"]["message"]

@@ -55,7 +55,8 @@ def _get(server: ServerThread, path: str) -> Any:
 
 def test_train_then_eval_from_the_command_line(server: ServerThread, dataset: Path) -> None:
     trained = _cli(server, "train", "sentiment", "--dataset", str(dataset), "--eval-dataset", str(dataset),
-                   "--metric", "exact", "--epochs", "1", "--batch-size", "2", "--seed", "0")
+                   "--metric", "exact", "--epochs", "1", "--batch-size", "2", "--seed", "0",
+                   "--optimizer", '{"type": "sfa"}')
     assert trained.exit_code == 0, trained.output
     training_id = trained.stdout.strip()
     assert training_id.startswith("train_")

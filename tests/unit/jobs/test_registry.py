@@ -52,7 +52,7 @@ def test_listed_modules_register_their_pipelines_losses_and_metrics(operator_mod
     with pytest.raises(UnknownNameError, match="registered losses: none"):
         registry.loss("nope")
     assert registry.dataset("mine") == [{"input": "a", "target": "b"}] and registry.dataset("lazy") == [{"input": "c"}]
-    assert len(registry.dataset("sentiment:test")) == 75  # the shipped splits are registered beside them
+    assert len(registry.dataset("sentiment:test")) == 80  # the shipped splits are registered beside them
     with pytest.raises(UnknownNameError, match="unknown dataset '/etc/passwd': registered datasets: lazy, mine"):
         registry.dataset("/etc/passwd")
 

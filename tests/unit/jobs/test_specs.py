@@ -226,18 +226,26 @@ def test_the_fields_check_scores_a_record_field_by_field() -> None:
 
 def test_optimizer_settings() -> None:
     assert parse_optimizer("basic").type == "basic"
-    default = parse_optimizer(None)
-    assert default.to_dict() == {"type": "sfa", "conservatism": 0.7, "max_retries": 3, "max_tokens": 512,
-                                 "reasoning_model": None}
+    default = parse_optimizer(None)  # the selection-gated optimizer, with demonstrations
+    assert default.selection and default.to_dict() == {
+        "type": "gepa", "conservatism": 0.5, "max_tokens": 256, "budget": 600, "candidates_per_step": 4,
+        "minibatch_size": 8, "max_demos": 4, "noise_z": 1.0, "demonstrations": True, "rewrite_instructions": True}
+    assert parse_optimizer("sfa").to_dict() == {"type": "sfa", "conservatism": 0.7, "max_retries": 3,
+                                                "max_tokens": 512, "reasoning_model": None}
+    gepa = parse_optimizer({"type": "gepa", "budget": 900, "candidates_per_step": 2, "rewrite_instructions": False})
+    assert (gepa.budget, gepa.candidates_per_step, gepa.aliases()) == (900, 2, [])
     param = Parameter("Answer.", description="instructions")
-    sfa = parse_optimizer({"conservatism": 0.2, "max_retries": 1}).build([param])
+    sfa = parse_optimizer({"type": "sfa", "conservatism": 0.2, "max_retries": 1}).build([param])
     assert isinstance(sfa, SFAOptimizer) and sfa.conservatism == 0.2 and sfa.max_retries == 1
     basic = parse_optimizer({"type": "basic", "reasoning_model": "thinker"})
     built = basic.build([param])
     assert type(built) is Optimizer and basic.aliases() == [
         "optimizer/aggregator", "optimizer/updater", "optimizer/reasoning"]
     for bad, problem in ((5, "must be an object"), ({"type": "adam"}, "optimizer.type"),
-                         ({"conservatism": 1.5}, "within \\[0, 1\\]"), ({"max_retries": 11}, "max_retries"),
-                         ({"max_tokens": 0}, "max_tokens"), ({"lr": 0.1}, "unknown field")):
+                         ({"conservatism": 1.5}, "within \\[0, 1\\]"), ({"type": "sfa", "max_retries": 11}, "max_retries"),
+                         ({"max_tokens": 0}, "max_tokens"), ({"lr": 0.1}, "unknown field"),
+                         ({"budget": 0}, "optimizer.budget"), ({"candidates_per_step": True}, "candidates_per_step"),
+                         ({"noise_z": -1}, "noise_z"), ({"demonstrations": "yes"}, "demonstrations"),
+                         ({"type": "sfa", "budget": 10}, "unknown field"), ({"max_retries": 1}, "unknown field")):
         with pytest.raises(InvalidJobInput, match=problem):
             parse_optimizer(bad)
