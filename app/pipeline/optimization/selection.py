@@ -121,7 +121,7 @@ class SelectionResult:
     final_state: dict[str, Any]
     metric_calls: int
     budget: int
-    stopped: str  # why the loop ended: "budget" or "max_steps"
+    stopped: str  # why the loop ended: "budget", "max_steps" or "perfect" (every validation example passed)
 
     @property
     def best_val_scores(self) -> list[float | None]:
@@ -222,6 +222,9 @@ class SelectionOptimizer:
         await self._notify(SelectionStep(0, None, [], [seed], best.id, best.val_score, self.calls))
         stopped, number = "budget", 0
         while self.max_steps is None or number < self.max_steps:
+            if _perfect(best.val_scores):  # every validation example passes: no candidate can win, stop spending
+                stopped = "perfect"
+                break
             number += 1
             try:
                 step = await self._step(number, train, val, candidates, front, best)
@@ -411,6 +414,10 @@ def draw_demos(pool: Sequence[DemoCandidate], count: int, rng: random.Random) ->
         depth += 1
     rng.shuffle(picked)  # the last demonstration (nearest the input) should not always be one label
     return [item.demo() for item in picked]
+
+
+def _perfect(scores: Sequence[float | None] | None) -> bool:
+    return bool(scores) and all(s is not None and s >= 1.0 for s in scores or ())
 
 
 def _mean(scores: Sequence[float] | None) -> float | None:

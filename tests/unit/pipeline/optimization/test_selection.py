@@ -108,8 +108,15 @@ async def test_an_instruction_rewritten_from_feedback_is_accepted_when_it_wins()
     assert result.best is rewrite and result.final_state == {"classify.system_prompt": GOOD_PROMPT}
 
 
+async def test_the_loop_stops_once_every_validation_example_passes() -> None:
+    fake = lm(lambda number, shown: False)
+    result = await fit(fake, budget=600, rewrite_instructions=True, demonstrations=False)
+    assert result.best.val_score == 1.0 and result.stopped == "perfect"
+    assert result.metric_calls < 60  # the starting validation, one step and the winner's validation: not the budget
+
+
 async def test_the_budget_counts_every_example_scored_and_stops_before_it_is_exceeded() -> None:
-    fake = lm()
+    fake = lm(lambda number, shown: number % 4 < min(shown, 2))  # never perfect: only the budget stops it
     result = await fit(fake, budget=60, minibatch_size=4)
     assistant_calls = sum(1 for alias, _ in fake.requests if alias == "assistant")
     assert result.metric_calls == assistant_calls <= 60 and result.stopped == "budget"
