@@ -20,6 +20,7 @@ from tests.support.console import (
     submit_job,
     trained,
 )
+from tests.support.training import DATASET
 
 
 def _rows(browser: Browser, testid: str) -> list[Any]:
@@ -138,16 +139,34 @@ def test_a_schedules_chart_marks_its_regression_and_links_each_run(console: Cons
         _no_errors(browser)
 
 
-def test_a_trainings_steps_and_prompt_diffs(console: Console) -> None:
-    training = trained(console)["training"]
+def test_a_trainings_candidates_steps_and_prompt_diffs(console: Console) -> None:
+    training = trained(console)["training"]  # the default optimizer: candidates scored and selected
     with console.browser() as browser:
         browser.open(f"/console/trainings/{training['id']}")
         browser.wait_for("[data-testid=training-chart]")
+        browser.until(lambda: browser.all("[data-testid=candidate-row][data-best=true][data-accepted=true]"), 20,
+                      "the accepted best candidate")
+        assert len(_rows(browser, "candidate-row")) == len(training["candidates"])
         update = browser.wait_for("[data-testid=update-diff]")
         browser.until(lambda: update.find_elements("css selector", "ins"), 20, "the new prompt's words marked")
-        assert "Reply with the label only." in update.text  # the feedback that caused the update
         browser.shot("training")
         _no_errors(browser)
+
+
+def test_an_sfa_trainings_update_shows_the_feedback_that_caused_it(console: Console) -> None:
+    trained(console)
+    console.acme.post("/v1/pipelines/sentiment/parameters/versions/1/activate")  # a prompt with something to fix
+    made = console.acme.post("/v1/trainings", json={"pipeline": "sentiment", "dataset": DATASET, "metric": "exact",
+                                                     "batch_size": 4, "optimizer": {"type": "sfa"}})
+    assert made.status_code == 201, made.text
+    training = console.wait(console.acme, f"/v1/trainings/{made.json()['id']}")
+    with console.browser() as browser:
+        browser.open(f"/console/trainings/{training['id']}")
+        update = browser.wait_for("[data-testid=update-diff]")
+        assert "Reply with the label only." in update.text  # the aggregated feedback behind the rewrite
+        assert browser.all("[data-testid=candidate-row]") == []  # SFA keeps no candidates
+        browser.shot("training-sfa")
+    console.acme.post("/v1/pipelines/sentiment/parameters/versions/2/activate")  # as the other tests expect
 
 
 def test_diff_two_prompt_versions_and_activate_one(console: Console) -> None:

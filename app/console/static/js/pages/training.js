@@ -7,6 +7,7 @@ import { chartLegend, scoreChart } from '../chart.js';
 import { legend, wordDiff } from '../diffview.js';
 import { badge, facts, h, link, progress, replace, section, to, truncated } from '../dom.js';
 import * as fmt from '../format.js';
+import { candidatesTable } from './candidates.js';
 import { versions } from './trainings.js';
 
 export async function render(ctx) {
@@ -17,7 +18,9 @@ export async function render(ctx) {
   const chartBox = h('div', { class: 'chart', 'data-testid': 'training-chart', role: 'img' });
   const chartNote = h('div');
   const stepsBox = h('div', { 'data-testid': 'training-steps' });
-  replace(ctx.page, head, section('Score per step', chartBox, chartNote), section('Steps and updates', stepsBox));
+  const candidatesBox = h('div', { 'data-testid': 'training-candidates' });
+  replace(ctx.page, head, section('Score per step', chartBox, chartNote), candidatesBox,
+    section('Steps and updates', stepsBox));
 
   let chart = null;
   let shown = '';
@@ -41,6 +44,10 @@ export async function render(ctx) {
         ]),
         t.error ? h('p', { class: 'error-text' }, `Error: ${fmt.errorText(t.error)}`) : null));
     const steps = t.steps || [];
+    const candidates = candidatesTable(t.candidates);
+    replace(candidatesBox, candidates ? section('Candidates', h('p', { class: 'muted' },
+      'Each candidate is scored on a minibatch against its parent; accepted only when its gain beats the noise, then ' +
+      'scored on the validation set. The best by validation score is the version activated.'), candidates) : null);
     const fingerprint = JSON.stringify(steps.map((s) => [s.step, s.score, (s.updates || []).length]));
     if (fingerprint === shown) return;
     shown = fingerprint;
