@@ -400,6 +400,8 @@ class TrainingRun(SupervisedRun):
             if activate and final is not None and self._versions:
                 repo.activate_parameter_version(session, pipeline_id=row.pipeline_id, version=final)
             result["activated"] = bool(activate and self._versions)
+            if row.completed_steps < row.total_steps:  # the step count was a plan: the optimizer stopped earlier
+                runs.set_progress(session, Training, run_id=self.id, total_steps=row.completed_steps)
             runs.finish_run(session, Training, run_id=self.id, status=RunStatus.COMPLETED, final_version=final,
                             result=storable(result))
             repo.expire_feedback(session, training_id=self.id, note="the training finished")

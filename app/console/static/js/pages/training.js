@@ -48,14 +48,22 @@ export async function render(ctx) {
     replace(candidatesBox, candidates ? section('Candidates', h('p', { class: 'muted' },
       'Each candidate is scored on a minibatch against its parent; accepted only when its gain beats the noise, then ' +
       'scored on the validation set. The best by validation score is the version activated.'), candidates) : null);
-    const fingerprint = JSON.stringify(steps.map((s) => [s.step, s.score, (s.updates || []).length]));
+    const fingerprint = JSON.stringify([steps.map((s) => [s.step, s.score, (s.updates || []).length]),
+      t.result && t.result.val_scores]);
     if (fingerprint === shown) return;
     shown = fingerprint;
     chartBox.setAttribute('aria-label', `Score per step: ${steps.length} steps` +
       (steps.length ? `, from ${fmt.score(steps[0].score)} to ${fmt.score(steps[steps.length - 1].score)}` : ''));
     if (chart) chart.destroy();
     chart = null;
-    if (steps.length) {
+    // a selection-gated training's line is its best validation score after each step (what it activates); an SFA
+    // training's is the score of each step's batch
+    const best = t.result && Array.isArray(t.result.val_scores) ? t.result.val_scores : null;
+    if (best && best.length) {
+      chart = await scoreChart(chartBox, best.map((_, i) => i), best,
+        { xLabel: 'step', yLabel: 'validation score', label: 'best validation score' });
+      replace(chartNote, chartLegend(null));
+    } else if (steps.length) {
       chart = await scoreChart(chartBox, steps.map((s) => s.step), steps.map((s) => s.score ?? null),
         { xLabel: 'step', yLabel: 'score', label: 'score' });
       replace(chartNote, chartLegend(null));
