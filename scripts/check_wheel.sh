@@ -8,7 +8,7 @@
 #   2. with it (torch pinned as scripts/install.sh pins it) and the default model (the `model` extra's pin):
 #      `inf-engine db check` (exit 2 before the upgrade, 0 after), `inf-engine db upgrade` against a throwaway
 #      PostgreSQL database, then `inf-engine serve MODEL --api-key` and a smoke test: /health, /ready, /version,
-#      one completion on the default model, one job to completion.
+#      one completion on the default model, one job to completion, the console and /docs with their assets.
 # Needs PostgreSQL on 127.0.0.1:5432 (INF_ENGINE_TEST_POSTGRES names another server). Called by .ci/run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -144,6 +144,12 @@ while (status := httpx.get(f"{base}/v1/jobs/{job_id}", headers=auth, timeout=10)
 results = httpx.get(f"{base}/v1/jobs/{job_id}/results", headers=auth, timeout=30).text.strip().splitlines()
 print(f"check_wheel: job {job_id} -> {status}: {results[0] if results else 'no results'}")
 assert status == "completed" and len(results) == 1 and json.loads(results[0])["status"] == "completed", results
+# the console and the API docs come from the wheel's own assets
+for page, asset in (("/console", "/console/static/js/main.js"), ("/docs", "/console/static/vendor/swagger-ui/swagger-ui-bundle.js")):
+    shell = httpx.get(f"{base}{page}", timeout=10)
+    assert shell.status_code == 200 and "text/html" in shell.headers["content-type"], (page, shell.status_code)
+    assert httpx.get(f"{base}{asset}", timeout=10).status_code == 200, f"{asset} is missing from the wheel"
+print("check_wheel: GET /console, /docs and their assets -> 200")
 EOF
 then
   say "FAILED: the serve smoke test; the server's log ends:"
