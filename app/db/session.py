@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.db.sqlite_lock import BUSY_TIMEOUT_S, install_write_lock
 from app.settings import Settings
 
 SQLITE_FILE = "inf-engine.db"
@@ -47,30 +49,43 @@ def sqlite_path(url: str) -> Path | None:
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url``. SQLite gets WAL (readers do not block the writer), a busy timeout (server threads
-    and the executor write concurrently) and enforced foreign keys."""
+    and the executor write concurrently), enforced foreign keys and, on a file, the process's write lock of that
+    file (:mod:`app.db.sqlite_lock`: this process's writers queue in order instead of polling the database)."""
     path = sqlite_path(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        kwargs.setdefault("connect_args", {"timeout": 30, "check_same_thread": False})
+        kwargs.setdefault("connect_args", {"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
     else:
         kwargs.setdefault("pool_pre_ping", True)
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", _sqlite_begin)
+        if path is not None:  # this process's transactions on the file queue on its write lock
+            timeout = float(kwargs.get("connect_args", {}).get("timeout", BUSY_TIMEOUT_S))
+            install_write_lock(engine, path, timeout=timeout)
+        else:
+            event.listen(engine, "begin", _sqlite_begin)
     return engine
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    # the driver's own implicit BEGIN is switched off; _sqlite_begin takes the write lock up front instead, so
-    # that two writers queue on the busy timeout rather than failing to upgrade a read snapshot
+    # the driver's own implicit BEGIN is switched off; transactions take the write lock up front instead
+    # (BEGIN IMMEDIATE), so that two writers queue rather than failing to upgrade a read snapshot
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
     cursor.close()
+
+
+def sqlite_connect(path: Path) -> sqlite3.Connection:
+    """A raw connection to the SQLite file ``path`` set up as the engines' are (WAL, busy timeout, foreign keys,
+    transactions begun explicitly): for the SQLite node store's writer thread."""
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    _sqlite_pragmas(conn, None)
+    return conn
 
 
 def _sqlite_begin(connection: Any) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, bindparam, case, func, select, update
+from sqlalchemy import Connection, DateTime, Table, and_, bindparam, case, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,7 @@ from app.db.models import (
     NodeTaskStatus,
 )
 from app.db.repository.node_store.protocol import (
+    INLINE_KIND,
     Hold,
     ItemEnd,
     ItemEnder,
@@ -140,6 +141,9 @@ _CLAIM_QUEUED = (
 )
 
 _REMAINING = _T.c.waiting - 1
+_HOLD_UNTIL = bindparam("b_hold_until", type_=DateTime(timezone=True))
+# a dependent run by the storing delivery itself (see Hold)
+_HELD = and_(_HOLD_UNTIL.is_not(None), or_(_T.c.queue == bindparam("b_hold"), _T.c.kind == INLINE_KIND))
 # dependents are released only while the job is open: a cancel stops the dispatch in the same statement
 _RELEASE = (
     update(_T)
@@ -152,16 +156,14 @@ _RELEASE = (
     .values(
         waiting=_REMAINING,
         status=case((_REMAINING <= 0, NodeTaskStatus.QUEUED.value), else_=_T.c.status),
-        # a dependent on the held queue is run by the storing delivery itself: it counts as sent (refills leave
+        # a held dependent (see Hold) is run by the storing delivery itself: it counts as sent (refills leave
         # it alone), due by the later deadline (the sweeper re-sends it if that delivery dies first)
         deadline=case(
-            (and_(_REMAINING <= 0, _T.c.queue == bindparam("b_hold")), bindparam("b_hold_until")),
+            (and_(_REMAINING <= 0, _HELD), _HOLD_UNTIL),
             (_REMAINING <= 0, bindparam("b_deadline")),
             else_=_T.c.deadline,
         ),
-        sent_at=case(
-            (and_(_REMAINING <= 0, _T.c.queue == bindparam("b_hold")), bindparam("b_now")), else_=_T.c.sent_at
-        ),
+        sent_at=case((and_(_REMAINING <= 0, _HELD), bindparam("b_now")), else_=_T.c.sent_at),
         updated_at=bindparam("b_now"),
     )
     .returning(_T.c.job_id, _T.c.item_id, _T.c.node_id, _T.c.attempts, _T.c.queue, _T.c.priority, _T.c.status)

@@ -111,10 +111,9 @@ def _store_chain(
     """Store ``result`` and the inline ops it makes ready, each with its dependents counted down; returns (an
     item's sink was stored, the nodes to send, the job's status)."""
     now = utcnow()
-    deadline = now  # dependents that become ready may be sent at once (by the dispatch window's refill)
-    hold = None
-    if hold_queue is not None:  # ... except those the caller runs next: the sweeper steps in if it dies first
-        hold = Hold(hold_queue, now + timedelta(seconds=worker.policy.stale_s))
+    deadline = now  # dependents that become ready may be sent at once (by the dispatch window's refill) ...
+    # ... except the inline ops run below and those the caller runs next: the sweeper steps in if it dies first
+    hold = Hold(hold_queue, now + timedelta(seconds=worker.policy.stale_s))
     dependents = item.dependents()
     to_send: list[NodeTaskRef] = []
     pending = [result]

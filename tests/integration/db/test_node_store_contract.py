@@ -1,5 +1,6 @@
-"""The node store's contract, checked on both implementations (SQLAlchemy Core and raw psycopg) on PostgreSQL:
-every operation of :class:`app.db.repository.node_store.NodeStore`.
+"""The node store's contract, checked on every implementation: SQLAlchemy Core and raw psycopg on PostgreSQL,
+SQLAlchemy Core and raw sqlite3 (its writer thread) on an SQLite file: every operation of
+:class:`app.db.repository.node_store.NodeStore`.
 
 Each test builds a job of items whose nodes form a diamond: ``a`` and ``b`` (queued), ``c`` (waits for both),
 ``d`` (waits for ``c``, the node every other one leads to)."""
@@ -10,27 +11,40 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import ItemStatus, JobStatus, make_session_factory, repository, session_scope, utcnow
+from app.db import (
+    ItemStatus,
+    JobStatus,
+    create_db_engine,
+    make_session_factory,
+    repository,
+    session_scope,
+    utcnow,
+)
 from app.db.direct import DirectPool
+from app.db.migrate import upgrade
 from app.db.models import Item, Job, JobMetrics, NodeResult, NodeTask, NodeTaskStatus
 from app.db.repository import node_tasks as tasks_repo
 from app.db.repository.node_store import (
     ClaimRequest,
     ClaimStatus,
     CoreNodeStore,
+    Hold,
     ItemEnd,
     ItemMetrics,
     NodeStore,
     NodeValue,
     PsycopgNodeStore,
+    SqliteNodeStore,
     StoredValues,
+    open_node_store,
 )
 from app.jobs.distributed.settle import settle_job
 from tests.support.postgres import committed, pg_engine, pg_url
@@ -50,13 +64,28 @@ class Fixture:
     items: tuple[int, ...] = ()
 
 
-@pytest.fixture(params=["core", "psycopg"])
-def nodes(request: pytest.FixtureRequest, committed: Engine, pg_url: str) -> Iterator[Fixture]:
-    sessions = make_session_factory(committed)
+@pytest.fixture(params=["core", "psycopg", "sqlite-core", "sqlite"])
+def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fixture]:
+    if request.param.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'nodes.db'}"
+        upgrade(url)
+        engine = create_db_engine(url)
+        sessions = make_session_factory(engine)
+        store: NodeStore = CoreNodeStore(sessions, settle_job)
+        if request.param == "sqlite":
+            store = open_node_store(sessions, settle_job)
+            assert isinstance(store, SqliteNodeStore)
+        try:
+            yield Fixture(store, sessions)
+        finally:
+            getattr(store, "close", lambda: None)()
+            engine.dispose()
+        return
+    sessions = make_session_factory(request.getfixturevalue("committed"))
     if request.param == "core":
         yield Fixture(CoreNodeStore(sessions, settle_job), sessions)
         return
-    pool = DirectPool(pg_url, size=8)
+    pool = DirectPool(request.getfixturevalue("pg_url"), size=8)
     try:
         yield Fixture(PsycopgNodeStore(sessions, settle_job, pool), sessions)
     finally:
@@ -152,6 +181,10 @@ def complete(f: Fixture, *, item: int = 0) -> None:
     """Store a, b and c of the item (d is then queued)."""
     for node in ("a", "b", "c"):
         assert store(f, node, node.upper(), item=item).inserted
+
+
+def aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)  # SQLite hands back naive UTC
 
 
 def end(output: Any, calls: int = 1) -> ItemEnd:
@@ -256,7 +289,7 @@ def test_renew_pushes_the_holders_lease_only(job: Fixture) -> None:
     later = utcnow() + timedelta(hours=1)
     assert job.store.renew(item_id=job.items[0], node_id="a", token="t1", deadline=later)
     deadline = node_row(job, "a").deadline
-    assert deadline is not None and abs((deadline - later).total_seconds()) < 1e-3
+    assert deadline is not None and abs((aware(deadline) - later).total_seconds()) < 1e-3
     assert not job.store.renew(item_id=job.items[0], node_id="a", token="t2", deadline=later)
 
 
@@ -283,6 +316,31 @@ def test_the_last_dependency_queues_a_dependent_exactly_once(job: Fixture) -> No
     assert store(job, "b", "B").ready == [] and store(job, "a", "A").ready == []
     assert node_row(job, "c").waiting == 0
     assert node_row(job, "a", item=1).status == NodeTaskStatus.QUEUED  # the other item is untouched
+
+
+def test_held_dependents_count_as_sent_until_the_hold_ends(job: Fixture) -> None:
+    """Dependents the storing delivery runs itself (ready on the held queue, or an ``op`` node, an F.* op, on any
+    queue) are marked sent and due when the hold ends; the others are due at once, for the windows to send."""
+    until = utcnow() + timedelta(seconds=30)
+    with session_scope(job.sessions) as session:
+        stmt = select(NodeTask).where(NodeTask.item_id == job.items[1], NodeTask.node_id == "c")
+        session.scalars(stmt).one().kind = "op"
+    for item in (0, 1):
+        for node in ("a", "b"):
+            stored = job.store.store(
+                value(job, node, node, item=item), dependents=["c"], deadline=utcnow(), hold=Hold(None, until)
+            )
+            assert stored.inserted
+    plain, op = node_row(job, "c"), node_row(job, "c", item=1)
+    assert plain.status == op.status == NodeTaskStatus.QUEUED
+    assert plain.sent_at is None  # an llm node, and no queue held: the windows send it
+    assert op.sent_at is not None and op.deadline is not None
+    assert abs((aware(op.deadline) - until).total_seconds()) < 1e-3
+    ready = job.store.store(value(job, "c", "C"), dependents=["d"], deadline=utcnow(), hold=Hold("t.llm", until))
+    assert [r.node_id for r in ready.ready] == ["d"]
+    d = node_row(job, "d")
+    assert d.sent_at is not None and d.deadline is not None  # ready on the held queue
+    assert abs((aware(d.deadline) - until).total_seconds()) < 1e-3
 
 
 def test_a_closed_job_releases_no_dependent(job: Fixture) -> None:

@@ -1,5 +1,6 @@
 """A real `inf-engine serve` process is SIGKILLed in the middle of a job and started again: the job completes
-and no node whose result was stored runs again (the fake endpoint counts every call)."""
+and no node whose result was stored runs again (the fake endpoint counts every call), on PostgreSQL and on
+SQLite (the embedded default)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +84,30 @@ def _stats(base_url: str) -> dict[str, Any]:
     return httpx.get(base_url.removesuffix("/v1") + "/_stats").json()
 
 
+@contextmanager
+def _database(kind: str, tmp_path: Path) -> Iterator[str]:
+    """A migrated database: a scratch PostgreSQL one, or an SQLite file (the embedded default)."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'kill.db'}"
+        upgrade(url)
+        yield url
+        return
+    with temporary_database("infe_kill") as url:
+        upgrade(url)
+        yield url
+
+
 @pytest.mark.slow
-def test_server_killed_mid_job_resumes_without_rerunning_stored_nodes(fake_endpoint: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("database", ["postgres", "sqlite"])
+def test_server_killed_mid_job_resumes_without_rerunning_stored_nodes(
+    fake_endpoint: str, tmp_path: Path, database: str
+) -> None:
     resources = tmp_path / "resources.toml"
     resources.write_text(
         f'[endpoints.assistant]\nprovider = "openai"\nmodel = "m"\nbase_url = "{fake_endpoint}"\n'
         'api_key = "sk-x"\nmax_concurrent = 4\n'
     )
-    with temporary_database("infe_kill") as url:
-        upgrade(url)
+    with _database(database, tmp_path) as url:
         env = {
             **os.environ,
             "INF_ENGINE_DATABASE_URL": url,

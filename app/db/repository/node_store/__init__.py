@@ -26,7 +26,9 @@ from app.db.repository.node_store.protocol import (
     too_many_attempts,
 )
 from app.db.repository.node_store.psycopg import PsycopgNodeStore
+from app.db.repository.node_store.sqlite import SqliteNodeStore
 from app.db.repository.node_tasks import NodeTaskRef
+from app.db.session import sqlite_path
 
 
 def open_node_store(
@@ -36,11 +38,16 @@ def open_node_store(
     *,
     group_commit: bool = True,
 ) -> NodeStore:
-    """The store a worker uses: on ``direct`` (raw autocommit connections to PostgreSQL) when it has them,
-    otherwise on ``sessions``. ``settle`` makes a job terminal when it is due (in the given transaction);
-    ``group_commit``: the task threads' claims and stores on ``direct`` share transactions."""
+    """The store a worker uses: on ``direct`` (raw autocommit connections to PostgreSQL) when it has them, on
+    an SQLite file's writer thread (raw sqlite3) when ``sessions`` are on one, otherwise on ``sessions``.
+    ``settle`` makes a job terminal when it is due (in the given transaction); ``group_commit``: the task
+    threads' claims and stores share transactions (on SQLite they always do: it has one writer)."""
     if direct is not None:
         return PsycopgNodeStore(sessions, settle, direct, group_commit=group_commit)
+    bind = sessions.kw.get("bind")
+    path = sqlite_path(bind.url.render_as_string(hide_password=False)) if bind is not None else None
+    if path is not None:
+        return SqliteNodeStore(sessions, settle, path)
     return CoreNodeStore(sessions, settle)
 
 
@@ -61,6 +68,7 @@ __all__ = [
     "NodeTaskRef",
     "NodeValue",
     "PsycopgNodeStore",
+    "SqliteNodeStore",
     "Stored",
     "StoredValues",
     "open_node_store",

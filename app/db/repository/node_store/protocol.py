@@ -154,11 +154,16 @@ def too_many_attempts(node_id: str, attempts: int) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Dependents that become ready on ``queue`` are run by the delivery that stores their last dependency: they
-    are marked sent at once (no refill sends them too) and due by ``until``."""
+    """Dependents run by the delivery that stores their last dependency: those that become ready on ``queue``
+    (None: no queue) and every ``op`` node (an ``F.*`` op, which that delivery runs on the spot). They are marked
+    sent at once (no refill sends them too) and due by ``until`` (the sweeper sends them if it dies first)."""
 
-    queue: str
+    queue: str | None
     until: datetime
+
+
+#: the kind of node_tasks row that a storing delivery runs itself (see :class:`Hold`)
+INLINE_KIND = "op"
 
 
 class NodeStore(Protocol):

@@ -24,6 +24,7 @@ from app.db.group_commit import GroupCommit
 from app.db.models import ITEM_OPEN, ItemStatus, JobStatus, NodeTaskStatus
 from app.db.repository.node_store.core import CoreNodeStore, JobSettler, settle_due
 from app.db.repository.node_store.protocol import (
+    INLINE_KIND,
     Claim,
     ClaimedItem,
     ClaimRequest,
@@ -52,6 +53,8 @@ _PENDING_ITEM = _literals(ItemStatus.PENDING)
 _RUNNING_ITEM = _literals(ItemStatus.RUNNING)
 _OPEN_ITEM = _literals(*sorted(ITEM_OPEN))
 _OPEN_JOB = _literals(JobStatus.QUEUED, JobStatus.RUNNING)
+# a dependent run by the storing delivery itself (see Hold)
+_HELD = f"CAST(%(hold_until)s AS timestamptz) IS NOT NULL AND (queue = %(hold)s OR kind = '{INLINE_KIND}')"
 
 _CLAIM = f"""
     WITH claimed AS (
@@ -130,9 +133,9 @@ _STORE = (
         UPDATE node_tasks
         SET waiting = waiting - 1,
             status = CASE WHEN waiting - 1 <= 0 THEN {_QUEUED} ELSE status END,
-            deadline = CASE WHEN waiting - 1 <= 0 AND queue = %(hold)s THEN %(hold_until)s
+            deadline = CASE WHEN waiting - 1 <= 0 AND {_HELD} THEN %(hold_until)s
                             WHEN waiting - 1 <= 0 THEN %(deadline)s ELSE deadline END,
-            sent_at = CASE WHEN waiting - 1 <= 0 AND queue = %(hold)s THEN %(now)s ELSE sent_at END,
+            sent_at = CASE WHEN waiting - 1 <= 0 AND {_HELD} THEN %(now)s ELSE sent_at END,
             updated_at = %(now)s
         WHERE item_id = %(item)s AND node_id = ANY(CAST(%(deps)s AS varchar[])) AND status = {_WAITING}
           AND EXISTS (SELECT 1 FROM ins)

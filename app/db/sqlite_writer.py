@@ -1,0 +1,197 @@
+"""Group commit on one raw sqlite3 connection: the writes that many threads of one process issue at about the
+same time run together, in one transaction, from one writer thread (SQLite only).
+
+SQLite has one writer at a time. When every task thread of the embedded mode writes its node claims and stores
+in a transaction of its own, they queue on the database's lock, whose busy handler sleeps for milliseconds
+between tries, and each pays a ``BEGIN IMMEDIATE`` and a commit (a WAL append of every page it touched). Here
+callers queue a unit of work (a function of the connection) and wait; the writer takes everything queued (up to
+``max_batch``), runs it in one transaction, commits, wakes those callers and takes the next batch, as
+:class:`app.db.group_commit.GroupCommit` does for PostgreSQL. Each caller returns only once its own work is
+committed (as durable as ``synchronous=NORMAL`` makes any commit: a power loss may forget the last ones, which
+the node leases and attempts handle as a worker that died mid-node).
+
+Units of work must be independent (each correct alone, in any order) and must not keep state of their own
+between runs: if one raises, the batch rolls back and each unit runs again alone, in its own transaction, so
+every caller gets its own result or error. sqlite3's errors reach callers as SQLAlchemy's (``OperationalError``
+for a locked or unreachable database), so they keep one rule for "the database is unavailable": retry later.
+
+The writer starts with the first unit and stops after ``idle_s`` without any (the next unit starts another, on a
+new connection), or at :meth:`SqliteWriter.close`, which runs what is queued first.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy.exc import DBAPIError, StatementError
+
+from app.db.session import sqlite_connect
+from app.db.sqlite_lock import BUSY_TIMEOUT_S, write_lock
+
+__all__ = ["SqliteWriter", "Work"]
+
+T = TypeVar("T")
+
+#: a unit of work: runs its statements on the writer's connection, inside the batch's transaction
+Work = Callable[[sqlite3.Connection], T]
+
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+@dataclass(eq=False)
+class _Entry(Generic[T]):
+    work: Work[T]
+    # held until the writer is done with the entry: a bare lock is the cheapest thing to wait on and release
+    done: threading.Lock = field(default_factory=_held_lock)
+    ran: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
+def as_sqlalchemy(exc: sqlite3.Error) -> StatementError:
+    """sqlite3's error as SQLAlchemy's matching one (``OperationalError`` for a locked database)."""
+    return DBAPIError.instance(None, None, exc, sqlite3.Error)
+
+
+class SqliteWriter:
+    """Runs units of work of many threads in shared transactions on one connection to ``path`` (see the module
+    docstring). ``units`` and ``transactions`` count what it ran (read by tests and benchmarks)."""
+
+    def __init__(self, path: Path, *, max_batch: int = 64, idle_s: float = 5.0) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self._path = path
+        self._max_batch = max_batch
+        self._idle_s = idle_s
+        self._cond = threading.Condition()
+        self._queue: deque[_Entry[Any]] = deque()
+        self._urgent: deque[_Entry[Any]] = deque()
+        self._writer: threading.Thread | None = None  # running, or None: the next unit starts one
+        self._last: threading.Thread | None = None  # joined by close() even if it stopped idle meanwhile
+        self._closed = False
+        self.units = 0
+        self.transactions = 0
+        self._lock = write_lock(path)
+
+    def run(self, work: Work[T], *, urgent: bool = False) -> T:
+        """``work``'s result once the transaction that ran it committed (its error if it failed). ``urgent``
+        units go first, in batches of their own (their callers hold something scarce meanwhile)."""
+        entry: _Entry[T] = _Entry(work)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the SQLite writer is closed")
+            (self._urgent if urgent else self._queue).append(entry)
+            if self._writer is None:
+                self._writer = self._last = threading.Thread(target=self._loop, name="sqlite-writer", daemon=True)
+                self._writer.start()
+            else:
+                self._cond.notify()
+        entry.done.acquire()
+        if entry.error is not None:
+            raise entry.error
+        return entry.result  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Run what is queued, stop the writer and wait for it; later units raise RuntimeError."""
+        with self._cond:
+            self._closed = True
+            thread = self._last
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _next_batch(self) -> list[_Entry[Any]] | None:
+        """The oldest queued units (up to ``max_batch``), urgent ones first, once there are any; None: stop
+        (closed or idle)."""
+        with self._cond:
+            while not self._queue and not self._urgent:
+                if self._closed or (not self._cond.wait(self._idle_s) and not self._queue and not self._urgent):
+                    self._writer = None
+                    return None
+            queue = self._urgent or self._queue
+            return [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
+
+    def _loop(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while (batch := self._next_batch()) is not None:
+                try:
+                    if conn is None:
+                        conn = sqlite_connect(self._path)
+                    self._run(conn, batch)
+                except BaseException as exc:  # no connection, a lock held past the timeout, or a bug below
+                    for entry in batch:
+                        if not entry.ran and entry.error is None:
+                            entry.error = as_sqlalchemy(exc) if isinstance(exc, sqlite3.Error) else exc
+                    if conn is not None:  # its state is unknown: the next batch starts on a new one
+                        conn.close()
+                        conn = None
+                finally:
+                    for entry in batch:
+                        entry.done.release()
+        finally:
+            if conn is not None:
+                conn.close()
+
+    @contextmanager
+    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` under the file's write lock, committed when the block ends, rolled back if it
+        raises. The lock waits first; past the busy timeout the ``BEGIN`` raises, as any writer's would."""
+        held = self._lock.acquire(timeout=BUSY_TIMEOUT_S)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            if held:
+                self._lock.release()
+
+    def _run(self, conn: sqlite3.Connection, batch: Sequence[_Entry[Any]]) -> None:
+        if len(batch) == 1:
+            self._alone(conn, batch[0])
+            return
+        self.transactions += 1
+        self.units += len(batch)
+        try:
+            with self._transaction(conn):
+                results = [entry.work(conn) for entry in batch]
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc):  # busy past the timeout: every unit of the batch gets the error
+                raise
+            results = None
+        except Exception:
+            results = None
+        if results is None:  # one unit's error: each runs again alone, and gets its own outcome
+            for entry in batch:
+                self._alone(conn, entry)
+            return
+        for entry, result in zip(batch, results, strict=True):
+            entry.result, entry.ran = result, True
+
+    def _alone(self, conn: sqlite3.Connection, entry: _Entry[Any]) -> None:
+        """One unit in its own transaction."""
+        self.transactions += 1
+        self.units += 1
+        try:
+            with self._transaction(conn):
+                entry.result = entry.work(conn)
+            entry.ran = True
+        except sqlite3.Error as exc:
+            entry.error = as_sqlalchemy(exc)
+        except Exception as exc:
+            entry.error = exc
