@@ -54,6 +54,14 @@ def allocate(
     for d in demands:
         tenant_load[d.tenant] = tenant_load.get(d.tenant, 0) + d.in_flight
     open_demands = [d for d in demands if d.available is None or d.available > 0]
+    if len(open_demands) == 1:  # one job wants slots (the common case): it gets what it can take, at once
+        only = open_demands[0]
+        n = max(0, free)
+        if only.available is not None:
+            n = min(n, only.available)
+        if only.tenant in room:
+            n = min(n, room[only.tenant])
+        return {only.job_id: n} if n > 0 else {}
     for _ in range(max(0, free)):
         pick = _next(open_demands, granted, tenant_load, weights, room)
         if pick is None:

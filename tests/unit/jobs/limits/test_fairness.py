@@ -63,3 +63,13 @@ def test_the_endpoints_cap_is_twice_their_concurrency_when_all_are_limited() -> 
     assert endpoints_cap(None) is None
     engine_only = ResourceConfig({"a": {"provider": "native", "model": "default"}})
     assert endpoints_cap(engine_only) is None
+
+
+def test_a_lone_job_gets_what_it_can_take_at_once() -> None:
+    assert allocate(10, [Demand("j", "t", 0)]) == {"j": 10}
+    assert allocate(10, [Demand("j", "t", 0, available=3)]) == {"j": 3}
+    assert allocate(10, [Demand("j", "t", 0)], tenant_room={"t": 4}) == {"j": 4}
+    assert allocate(10, [Demand("j", "t", 0)], tenant_room={"t": 0}) == {}
+    assert allocate(0, [Demand("j", "t", 0)]) == {}
+    # a job that can take nothing does not compete
+    assert allocate(5, [Demand("j", "t", 0), Demand("k", "u", 0, available=0)]) == {"j": 5}
