@@ -4,6 +4,7 @@ Screenshots of every page land in ``out/console/`` (see tests/support/browser.py
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,30 @@ def test_a_server_without_keys_opens_the_console_directly(console: Console, tmp_
         browser.wait_for("[data-testid=jobs-table]")
     with chromium(console.root) as browser:
         sign_in(browser, ACME)
+
+
+def test_batches_and_files_with_their_counts_and_downloads(console: Console) -> None:
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "fake-model", "messages": [{"role": "user", "content": f"hi {i}"}]}} for i in range(3)]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = console.acme.post("/v1/files", files={"file": ("batch.jsonl", content, "application/jsonl")},
+                                 data={"purpose": "batch"})
+    assert uploaded.status_code == 200, uploaded.text
+    made = console.acme.post("/v1/batches", json={"input_file_id": uploaded.json()["id"],
+                                                  "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+    assert made.status_code == 200, made.text
+    batch = console.wait(console.acme, f"/v1/batches/{made.json()['id']}")
+    with console.browser() as browser:
+        browser.open("/console/batches")
+        row = browser.wait_for(f"[data-testid=batch-row][data-batch-id='{batch['id']}']")
+        browser.shot("batches")
+        counts = batch["request_counts"]
+        assert counts == {"total": 3, "completed": 3, "failed": 0} and "3 / 3" in row.text
+        for kind, file_id in (("input", batch["input_file_id"]), ("output", batch["output_file_id"]),
+                              ("errors", batch["error_file_id"])):
+            buttons = row.find_elements("css selector", f"[data-testid=download-{kind}]")
+            assert bool(buttons) == bool(file_id), (kind, file_id)
+        browser.open("/console/files")
+        browser.wait_for(f"[data-testid=file-row][data-file-id='{uploaded.json()['id']}']")
+        browser.shot("files")
+        _no_errors(browser)
