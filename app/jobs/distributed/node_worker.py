@@ -19,7 +19,7 @@ from app.jobs.distributed.messages import Dispatcher
 from app.jobs.distributed.settle import settle_job
 from app.jobs.distributed.window import DispatchWindow
 from app.jobs.encoding import decode_item_input
-from app.jobs.graphs import load_module, trace_item
+from app.jobs.graphs import ShapeGraphs, load_module
 from app.pipeline.graph import InferenceGraph
 
 GRAPH_CACHE_ITEMS = 2048  # traced graphs of recent items kept per worker process
@@ -86,6 +86,7 @@ class NodeWorker:
     _modules_lock: threading.Lock = field(default_factory=threading.Lock)
     _graphs: OrderedDict[tuple[str, int], InferenceGraph] = field(default_factory=OrderedDict)
     _graphs_lock: threading.Lock = field(default_factory=threading.Lock)
+    _shapes: ShapeGraphs = field(default_factory=ShapeGraphs)
 
     def __post_init__(self) -> None:
         self.store = open_node_store(self.sessions, settle_job, self.direct, group_commit=self.group_commit)
@@ -114,7 +115,8 @@ class NodeWorker:
 
     def graph_for(self, job_id: str, item_id: int, module: Any, item_input: Any) -> InferenceGraph:
         """The item's traced graph. Its nodes usually run one after another in the same worker, so the recent
-        items' graphs are kept (tracing costs about as much as a database round trip)."""
+        items' graphs are kept; a new item's is its shape's graph with its inputs bound (see
+        :class:`~app.jobs.graphs.ShapeGraphs`: tracing costs about as much as a database round trip)."""
         key = (job_id, item_id)
         with self._graphs_lock:
             graph = self._graphs.get(key)
@@ -122,7 +124,7 @@ class NodeWorker:
                 self._graphs.move_to_end(key)
                 return graph
         args, kwargs = decode_item_input(item_input)
-        graph = trace_item(module, args, kwargs)
+        graph = self._shapes.graph(job_id, module, args, kwargs)
         with self._graphs_lock:
             self._graphs[key] = graph
             if len(self._graphs) > GRAPH_CACHE_ITEMS:
