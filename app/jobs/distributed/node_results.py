@@ -136,8 +136,10 @@ def _store_chain(
             continue
         inline = [r for r in stored.ready if is_inline(item.graph.nodes[r.node_id])]
         if inline:
-            # their other inputs may have been stored by other workers: read them now
-            values = worker.store.item_values(item_id=item.item_id)
+            # their other inputs may have been stored by other workers: read them now (a store may have)
+            values = stored.values
+            if values is None:
+                values = worker.store.item_values(item_id=item.item_id)
             known = item.values
             known.update(
                 {n: decode_value(v) for n, v in values.items() if n in item.graph.nodes and n not in known}

@@ -331,6 +331,11 @@ def test_held_dependents_count_as_sent_until_the_hold_ends(job: Fixture) -> None
                 value(job, node, node, item=item), dependents=["c"], deadline=utcnow(), hold=Hold(None, until)
             )
             assert stored.inserted
+    # the store that made the op ready may hand over the item's values for it (in its own transaction)
+    assert stored.values is None or stored.values == results(job, item=1) == {
+        "a": {"kind": "text", "payload": "a"},
+        "b": {"kind": "text", "payload": "b"},
+    }
     plain, op = node_row(job, "c"), node_row(job, "c", item=1)
     assert plain.status == op.status == NodeTaskStatus.QUEUED
     assert plain.sent_at is None  # an llm node, and no queue held: the windows send it

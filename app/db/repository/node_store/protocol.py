@@ -82,11 +82,14 @@ class NodeValue:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A stored result: ``inserted`` is False when another delivery had stored it (nothing changed then)."""
+    """A stored result: ``inserted`` is False when another delivery had stored it (nothing changed then).
+    ``values``: ``{node_id: encoded value}`` of the item's stored nodes, read in the same transaction, when a store
+    reads them for the inline ops it made ready (None: not read; see ``NodeStore.item_values``)."""
 
     inserted: bool
     ready: list[NodeTaskRef]  # dependents whose last dependency it was: now queued, to send
     job_status: str | None  # the job's status (None: no such job)
+    values: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

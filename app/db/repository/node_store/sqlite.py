@@ -115,7 +115,7 @@ _RELEASE = f"""
         sent_at = CASE WHEN waiting - 1 <= 0 AND {_HELD} THEN ?4 ELSE sent_at END,
         updated_at = ?4
     WHERE item_id = ?5 AND +status = {_WAITING} AND node_id IN ({{nodes}})
-    RETURNING job_id, item_id, node_id, attempts, queue, priority, status
+    RETURNING job_id, item_id, node_id, attempts, queue, priority, status, kind
 """
 
 
@@ -204,16 +204,15 @@ def _store(
     inserted, status = _insert(conn, value, _INSERT_WITH_JOB)
     if not inserted:
         return Stored(False, [], _job_status(conn, value.job_id))
-    ready: list[NodeTaskRef] = []
-    if dependents and status in _OPEN_JOBS:  # a cancel stops the release in this transaction
-        hold_queue, hold_until = (hold.queue, timestamp(hold.until)) if hold is not None else (None, None)
-        params = (hold_queue, hold_until, timestamp(deadline), timestamp(value.now), value.item_id, *dependents)
-        ready = [
-            NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5]))
-            for r in conn.execute(_release(len(dependents)), params)
-            if r[6] == NodeTaskStatus.QUEUED
-        ]
-    return Stored(True, ready, status)
+    if not dependents or status not in _OPEN_JOBS:  # a cancel stops the release in this transaction
+        return Stored(True, [], status)
+    hold_queue, hold_until = (hold.queue, timestamp(hold.until)) if hold is not None else (None, None)
+    params = (hold_queue, hold_until, timestamp(deadline), timestamp(value.now), value.item_id, *dependents)
+    rows = [r for r in conn.execute(_release(len(dependents)), params) if r[6] == NodeTaskStatus.QUEUED]
+    ready = [NodeTaskRef(r[0], int(r[1]), r[2], int(r[3]), r[4], int(r[5])) for r in rows]
+    # the inline ops made ready run at once on the item's stored values: read here, not in a unit of their own
+    values = _values(conn, value.item_id) if any(r[7] == INLINE_KIND for r in rows) else None
+    return Stored(True, ready, status, values)
 
 
 def _finish(
