@@ -75,7 +75,6 @@ class SqliteWriter:
         self._idle_s = idle_s
         self._cond = threading.Condition()
         self._queue: deque[_Entry[Any]] = deque()
-        self._urgent: deque[_Entry[Any]] = deque()
         self._writer: threading.Thread | None = None  # running, or None: the next unit starts one
         self._last: threading.Thread | None = None  # joined by close() even if it stopped idle meanwhile
         self._closed = False
@@ -83,14 +82,13 @@ class SqliteWriter:
         self.transactions = 0
         self._lock = write_lock(path)
 
-    def run(self, work: Work[T], *, urgent: bool = False) -> T:
-        """``work``'s result once the transaction that ran it committed (its error if it failed). ``urgent``
-        units go first, in batches of their own (their callers hold something scarce meanwhile)."""
+    def run(self, work: Work[T]) -> T:
+        """``work``'s result once the transaction that ran it committed (its error if it failed)."""
         entry: _Entry[T] = _Entry(work)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the SQLite writer is closed")
-            (self._urgent if urgent else self._queue).append(entry)
+            self._queue.append(entry)
             if self._writer is None:
                 self._writer = self._last = threading.Thread(target=self._loop, name="sqlite-writer", daemon=True)
                 self._writer.start()
@@ -111,15 +109,13 @@ class SqliteWriter:
             thread.join()
 
     def _next_batch(self) -> list[_Entry[Any]] | None:
-        """The oldest queued units (up to ``max_batch``), urgent ones first, once there are any; None: stop
-        (closed or idle)."""
+        """The oldest queued units (up to ``max_batch``), once there are any; None: stop (closed or idle)."""
         with self._cond:
-            while not self._queue and not self._urgent:
-                if self._closed or (not self._cond.wait(self._idle_s) and not self._queue and not self._urgent):
+            while not self._queue:
+                if self._closed or (not self._cond.wait(self._idle_s) and not self._queue):
                     self._writer = None
                     return None
-            queue = self._urgent or self._queue
-            return [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
+            return [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
 
     def _loop(self) -> None:
         conn: sqlite3.Connection | None = None

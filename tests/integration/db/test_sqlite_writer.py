@@ -83,26 +83,6 @@ def test_a_failing_unit_fails_alone(writer: SqliteWriter, path: Path) -> None:
     assert rows(path) == {1: "first", 2: "x"}  # the failed units changed nothing
 
 
-def test_urgent_units_go_first(writer: SqliteWriter) -> None:
-    order: list[str] = []
-    gate = threading.Event()
-
-    def note(name: str) -> Callable[[sqlite3.Connection], None]:
-        return lambda conn: order.append(name)
-
-    with ThreadPoolExecutor(4) as pool:
-        blocker = pool.submit(writer.run, lambda conn: gate.wait(5))
-        time.sleep(0.05)
-        later = pool.submit(writer.run, note("store"))
-        time.sleep(0.05)
-        first = pool.submit(lambda: writer.run(note("claim"), urgent=True))
-        time.sleep(0.05)
-        gate.set()
-        for future in (blocker, later, first):
-            future.result()
-    assert order == ["claim", "store"]
-
-
 def test_close_runs_what_is_queued_then_refuses(writer: SqliteWriter, path: Path) -> None:
     writer.run(insert(1))
     writer.close()

@@ -273,8 +273,8 @@ class SqliteNodeStore(CoreNodeStore):
     def close(self) -> None:
         self.writer.close()
 
-    def _run(self, work: Callable[[sqlite3.Connection], T], *, urgent: bool = False) -> T:
-        return self.writer.run(work, urgent=urgent)
+    def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        return self.writer.run(work)
 
     def claim(self, request: ClaimRequest) -> Claim:
         return self.claim_many([request])[0]
@@ -282,8 +282,7 @@ class SqliteNodeStore(CoreNodeStore):
     def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         """The common claims in one unit of work; the others one by one, as the Core store decides them (a
         re-delivery's take-over, a stored or busy node, a closed job)."""
-        # urgent: a claiming delivery holds call slots, which no call can use until it returns
-        claims = self._run(partial(_claim_all, requests=requests), urgent=True)
+        claims = self._run(partial(_claim_all, requests=requests))
         slow = super().claim  # (zero-argument super() does not work inside a comprehension)
         return [claim or slow(r) for r, claim in zip(requests, claims, strict=True)]
 
