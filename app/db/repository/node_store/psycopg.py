@@ -285,11 +285,8 @@ class PsycopgNodeStore(CoreNodeStore):
         return [claimed.pop((r.item_id, r.node_id), None) or slow(r) for r in requests]
 
     def item_values(self, *, item_id: int) -> dict[str, Any]:
-        with self._direct.connection() as conn:
-            return {
-                node_id: value
-                for node_id, value in conn.execute(_ITEM_VALUES, {"item": item_id}, prepare=True)
-            }
+        # with the claims and stores of the moment (one round trip for all), after the store that asked committed
+        return {node_id: value for node_id, value in self._rows(_ITEM_VALUES, {"item": item_id}, (1, item_id, ""))}
 
     def store(
         self, value: NodeValue, *, dependents: Sequence[str], deadline: datetime, hold: Hold | None = None
