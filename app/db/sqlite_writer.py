@@ -8,7 +8,8 @@ callers queue a unit of work (a function of the connection) and wait; the writer
 ``max_batch``), runs it in one transaction, commits, wakes those callers and takes the next batch, as
 :class:`app.db.group_commit.GroupCommit` does for PostgreSQL. Each caller returns only once its own work is
 committed (as durable as ``synchronous=NORMAL`` makes any commit: a power loss may forget the last ones, which
-the node leases and attempts handle as a worker that died mid-node).
+the node leases and attempts handle as a worker that died mid-node). Its transactions take the file's write lock
+(:mod:`app.db.sqlite_lock`) as every engine of this process does, so they queue with the others in order.
 
 Units of work must be independent (each correct alone, in any order) and must not keep state of their own
 between runs: if one raises, the batch rolls back and each unit runs again alone, in its own transaction, so

@@ -1,6 +1,6 @@
 """The node store: one protocol for every state change of a node task (:mod:`.protocol`), on SQLAlchemy Core
-(:mod:`.core`, PostgreSQL and SQLite) or, for the hot path on PostgreSQL, on raw psycopg connections
-(:mod:`.psycopg`)."""
+(:mod:`.core`, PostgreSQL and SQLite) or, for the hot path, on raw psycopg connections (:mod:`.psycopg`,
+PostgreSQL) or a raw sqlite3 connection (:mod:`.sqlite`, an SQLite file)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,12 @@
 
 A node task (``app.jobs.distributed.node_task``) claims its node, reads the item's stored values, stores its
 result (which counts down its dependents' waiting dependencies), and, for an item's last node, stores the item's
-outcome and the job's progress. Two implementations: :class:`~app.db.repository.node_store.core.CoreNodeStore`
-(SQLAlchemy Core, PostgreSQL and SQLite, one transaction per operation) and
+outcome and the job's progress. Three implementations: :class:`~app.db.repository.node_store.core.CoreNodeStore`
+(SQLAlchemy Core, PostgreSQL and SQLite, one transaction per operation),
 :class:`~app.db.repository.node_store.psycopg.PsycopgNodeStore` (PostgreSQL, the hot operations as one
-autocommit statement each on a raw psycopg connection). Operations that can make a job terminal settle it
+statement each on raw psycopg connections, group-committed) and
+:class:`~app.db.repository.node_store.sqlite.SqliteNodeStore` (an SQLite file, the hot operations on one raw
+sqlite3 connection whose writer thread group-commits them). Operations that can make a job terminal settle it
 through the job layer's hook given to the store.
 
 Values are the encoded JSON of the nodes' values (the job layer encodes and decodes them).

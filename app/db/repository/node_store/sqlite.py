@@ -6,7 +6,8 @@ one transaction per batch (SQLite has one writer; SQLAlchemy's per-statement wor
 operation cost more CPU than the statements). Each operation is a unit of work that is correct alone: it reads
 what it decides on inside the write transaction, so no other writer changes it meanwhile. A claim that is not
 the common one (a queued node of an open job and item) and the rarer operations go through
-:class:`~app.db.repository.node_store.core.CoreNodeStore`, whose transactions queue on SQLite's lock.
+:class:`~app.db.repository.node_store.core.CoreNodeStore`, whose transactions queue on the same write lock
+(:mod:`app.db.sqlite_lock`).
 
 Values are stored as SQLAlchemy stores them on SQLite (``json.dumps`` text, ``null`` for None; timestamps as
 ``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC), so either store reads what the other wrote.
