@@ -135,7 +135,7 @@ def test_training_version_and_pipeline_answers(api: Api) -> None:
     assert done["status"] == "completed" and done["steps"]
     api.call("GET", "/v1/trainings")
     queued = api.call("POST", "/v1/trainings", 201, json={"pipeline": "sentiment", "dataset": DATASET[:1],
-                                                          "loss": {"type": "human"}})
+                                                          "loss": {"type": "human"}, "optimizer": {"type": "sfa"}})
     api.call("POST", "/v1/trainings/{training_id}/cancel", ids={"training_id": queued["id"]})
     api.wait("/v1/trainings/{training_id}", training_id=queued["id"])
     name = {"name": "sentiment"}

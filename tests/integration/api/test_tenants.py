@@ -110,7 +110,7 @@ def test_every_resource_belongs_to_its_tenant(clients: tuple[Client, Client]) ->
     schedule = a.call("POST", "/v1/evaluations/schedules", 201,
                       json={"pipeline": "sentiment", "dataset": DATASET, "metric": "exact", "cron": "0 3 * * *"})
     human = a.call("POST", "/v1/trainings", 201, json={"pipeline": "sentiment", "dataset": DATASET[:1],
-                                                       "loss": {"type": "human"}})
+                                                       "loss": {"type": "human"}, "optimizer": {"type": "sfa"}})
     deadline = time.monotonic() + 15
     while not (pending := a.call("GET", "/v1/feedback/pending", 200)["data"]):
         assert time.monotonic() < deadline
