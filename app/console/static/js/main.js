@@ -58,7 +58,11 @@ async function render({ focus = false } = {}) {
   try {
     await module.render(ctx);
   } catch (err) {
-    if (mine === seq) ctx.error(err);
+    if (mine === seq) {
+      ctx.error(err);
+      // the page's resource does not exist (or is another tenant's): its empty sections would only mislead
+      if (err instanceof ApiError && err.status === 404) replace(page);
+    }
   }
   if (focus && mine === seq) focusHeading();
 }
