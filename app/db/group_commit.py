@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
+from app.db.batch_thread import BatchThread, held_lock
 from app.db.direct import DirectPool
 
 __all__ = ["GroupCommit", "retired_committer_cpu_s"]
@@ -50,89 +50,36 @@ def retired_committer_cpu_s() -> float:
 Rows = list[tuple[Any, ...]]
 
 
-def _held_lock() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
 @dataclass(eq=False)
 class _Entry:
     sql: str
     params: dict[str, Any]
     key: tuple[Any, ...]
-    # held until the committer is done with the entry: a bare lock, cheaper than an Event (which wraps a
-    # Condition and its own lock) to create, wait on and set, per statement
-    done: threading.Lock = field(default_factory=_held_lock)
+    done: threading.Lock = field(default_factory=held_lock)  # held until the committer is done with it
     rows: Rows | None = None
     error: BaseException | None = None
 
 
-class GroupCommit:
+class GroupCommit(BatchThread[_Entry]):
     """Runs statements of many threads in shared transactions on ``pool``, from one committer thread (see the
     module docstring). ``statements`` and ``transactions`` count what it sent (read by tests and benchmarks)."""
 
+    thread_name = "group-commit"
+    closed_message = "group commit is closed"
+
     def __init__(self, pool: DirectPool, *, max_batch: int = 64, idle_s: float = 5.0) -> None:
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
-        if idle_s < 0:
-            raise ValueError("idle_s must not be negative")
+        super().__init__(max_batch=max_batch, idle_s=idle_s)
         self._pool = pool
-        self._max_batch = max_batch
-        self._idle_s = idle_s
-        self._cond = threading.Condition()
-        self._queue: deque[_Entry] = deque()
-        self._committer: threading.Thread | None = None  # running, or None: the next statement starts one
-        self._last: threading.Thread | None = None  # joined by close() even if it stopped idle meanwhile
-        self._closed = False
         self.statements = 0
         self.transactions = 0
 
-    @property
-    def queued(self) -> int:
-        """Statements waiting for the next batch (not those of the batch in flight)."""
-        with self._cond:
-            return len(self._queue)
-
     def execute(self, sql: str, params: dict[str, Any], key: tuple[Any, ...] = ()) -> Rows:
         """The rows of ``sql`` once the transaction that ran it committed (its error if it failed)."""
-        entry = _Entry(sql, params, key)
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("group commit is closed")
-            self._queue.append(entry)
-            if self._committer is None:
-                self._committer = self._last = threading.Thread(
-                    target=self._commit_loop, name="group-commit", daemon=True
-                )
-                self._committer.start()
-            else:
-                self._cond.notify()
-        entry.done.acquire()
-        if entry.error is not None:
-            raise entry.error
-        assert entry.rows is not None
-        return entry.rows
+        rows = self._submit(_Entry(sql, params, key)).rows
+        assert rows is not None
+        return rows
 
-    def close(self) -> None:
-        """Run what is queued, stop the committer and wait for it; later statements raise RuntimeError."""
-        with self._cond:
-            self._closed = True
-            thread = self._last
-            self._cond.notify_all()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _next_batch(self) -> list[_Entry] | None:
-        """The oldest queued statements (up to ``max_batch``), once there are any; None: stop (closed or idle)."""
-        with self._cond:
-            while not self._queue:
-                if self._closed or (not self._cond.wait(self._idle_s) and not self._queue):
-                    self._committer = None
-                    return None
-            return [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
-
-    def _commit_loop(self) -> None:
+    def _loop(self) -> None:
         try:
             self._commit_batches()
         finally:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from app.db.batch_thread import BatchThread, held_lock
 from app.db.session import sqlite_connect
 from app.db.sqlite_lock import BUSY_TIMEOUT_S, write_lock
 
@@ -43,17 +43,10 @@ T = TypeVar("T")
 #: a unit of work: runs its statements on the writer's connection, inside the batch's transaction
 Work = Callable[[sqlite3.Connection], T]
 
-def _held_lock() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
 @dataclass(eq=False)
 class _Entry(Generic[T]):
     work: Work[T]
-    # held until the writer is done with the entry: a bare lock is the cheapest thing to wait on and release
-    done: threading.Lock = field(default_factory=_held_lock)
+    done: threading.Lock = field(default_factory=held_lock)  # held until the writer is done with it
     ran: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -64,59 +57,24 @@ def as_sqlalchemy(exc: sqlite3.Error) -> StatementError:
     return DBAPIError.instance(None, None, exc, sqlite3.Error)
 
 
-class SqliteWriter:
+class SqliteWriter(BatchThread["_Entry[Any]"]):
     """Runs units of work of many threads in shared transactions on one connection to ``path`` (see the module
     docstring). ``units`` and ``transactions`` count what it ran (read by tests and benchmarks)."""
 
+    thread_name = "sqlite-writer"
+    closed_message = "the SQLite writer is closed"
+
     def __init__(self, path: Path, *, max_batch: int = 64, idle_s: float = 5.0) -> None:
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
+        super().__init__(max_batch=max_batch, idle_s=idle_s)
         self._path = path
-        self._max_batch = max_batch
-        self._idle_s = idle_s
-        self._cond = threading.Condition()
-        self._queue: deque[_Entry[Any]] = deque()
-        self._writer: threading.Thread | None = None  # running, or None: the next unit starts one
-        self._last: threading.Thread | None = None  # joined by close() even if it stopped idle meanwhile
-        self._closed = False
         self.units = 0
         self.transactions = 0
         self._lock = write_lock(path)
 
     def run(self, work: Work[T]) -> T:
         """``work``'s result once the transaction that ran it committed (its error if it failed)."""
-        entry: _Entry[T] = _Entry(work)
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the SQLite writer is closed")
-            self._queue.append(entry)
-            if self._writer is None:
-                self._writer = self._last = threading.Thread(target=self._loop, name="sqlite-writer", daemon=True)
-                self._writer.start()
-            else:
-                self._cond.notify()
-        entry.done.acquire()
-        if entry.error is not None:
-            raise entry.error
+        entry: _Entry[T] = self._submit(_Entry(work))
         return entry.result  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        """Run what is queued, stop the writer and wait for it; later units raise RuntimeError."""
-        with self._cond:
-            self._closed = True
-            thread = self._last
-            self._cond.notify_all()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _next_batch(self) -> list[_Entry[Any]] | None:
-        """The oldest queued units (up to ``max_batch``), once there are any; None: stop (closed or idle)."""
-        with self._cond:
-            while not self._queue:
-                if self._closed or (not self._cond.wait(self._idle_s) and not self._queue):
-                    self._writer = None
-                    return None
-            return [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
 
     def _loop(self) -> None:
         conn: sqlite3.Connection | None = None
