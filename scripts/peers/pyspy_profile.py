@@ -24,7 +24,7 @@ AREAS = (
     ("  stores (store_result)", "store_result ("),
     ("  waiting for a group commit", "execute (app/db/group_commit.py"),
     ("  waiting for a call slot", "take_call_slot ("),
-    ("group committer thread", "_commit_loop ("),
+    ("group committer thread", "_loop (app/db/group_commit.py"),
     ("event loop: HTTP client (aiohttp)", "aiohttp"),
     ("event loop: asyncio", "asyncio"),
     ("kombu (broker messages)", "kombu"),
