@@ -195,6 +195,30 @@ def build_loss(spec: Any, *, human: HumanSourceFactory = None, param: str = "los
     raise InvalidJobInput(f"{param}.type must be one of {', '.join(LOSS_TYPES)}, got {kind!r}", param=param)
 
 
+def require_scores(spec: Mapping[str, Any], *, param: str = "loss") -> None:
+    """Reject a loss that gives critique without a score where the optimizer selects by score (``gepa``)."""
+    reason = _scoreless(spec)
+    if reason is not None:
+        raise InvalidJobInput(
+            f"the gepa optimizer accepts a candidate only when its score beats its parent's, and {reason} gives "
+            "critique without a score: use a verifier, rubric or preference loss (a composite needs one scored "
+            "part), or choose {\"type\": \"sfa\"} as the optimizer", param=param)
+
+
+def _scoreless(spec: Mapping[str, Any]) -> str | None:
+    """Why a (checked) loss spec never scores, or None when it does."""
+    kind = spec.get("type")
+    if kind == "judge":
+        return "a judge loss"
+    if kind == "human" and spec.get("kind", "freeform") == "freeform":
+        return "a freeform human loss"
+    if kind == "composite":
+        parts = [p["loss"] for p in spec.get("losses") or [] if isinstance(p, Mapping) and "loss" in p]
+        if parts and all(isinstance(p, Mapping) and _scoreless(p) for p in parts):
+            return "a composite of unscored losses"
+    return None
+
+
 def _text(spec: Mapping[str, Any], key: str, param: str, *, required: bool = True) -> str | None:
     value = spec.get(key)
     if value is None and not required:

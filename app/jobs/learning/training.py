@@ -46,7 +46,7 @@ from app.jobs.learning.selection import (
     split_validation,
     step_values,
 )
-from app.jobs.learning.specs import OptimizerSpec, build_loss, loss_spec_of, parse_optimizer
+from app.jobs.learning.specs import OptimizerSpec, build_loss, loss_spec_of, parse_optimizer, require_scores
 from app.jobs.submission import Limits
 from app.pipeline.optimization import QueueFeedbackSource, SelectionStep, TrainingStep, train
 
@@ -104,6 +104,7 @@ def submit_training(session: Session, request: TrainingRequest, *, owner: str = 
     optimizer = parse_optimizer(request.optimizer)
     total_steps = steps_of(len(examples), request.batch_size, request.epochs)
     if optimizer.selection:
+        require_scores(loss_spec)
         total_steps = _selection_steps(session, request, examples, module, optimizer, owner, limits)
     elif request.validation_dataset is not None:
         raise InvalidJobInput("validation_dataset is what the gepa optimizer chooses on; the sfa and basic "

@@ -144,6 +144,7 @@ def test_bad_requests_write_nothing(api: Harness) -> None:
         ({"pipeline": "sentiment", "dataset": DATASET, "metric": "exact", "epochs": 0}, "epochs"),
         ({"pipeline": f"{__name__}:Frozen", "dataset": DATASET, "metric": "exact"}, "pipeline"),  # nothing to learn
         ({"pipeline": "sentiment", "dataset": "file-missing", "metric": "exact"}, "dataset"),
+        ({"pipeline": "sentiment", "dataset": DATASET, "loss": {"type": "judge"}}, "loss"),  # gepa needs scores
     ]
     for body, param in cases:
         error = api.post("/v1/trainings", body, status=400)["error"]

@@ -17,6 +17,7 @@ from app.jobs.learning.specs import (
     named_examples,
     parse_examples,
     parse_optimizer,
+    require_scores,
 )
 from app.pipeline import Parameter
 from app.pipeline.optimization import (
@@ -249,3 +250,16 @@ def test_optimizer_settings() -> None:
                          ({"type": "sfa", "budget": 10}, "unknown field"), ({"max_retries": 1}, "unknown field")):
         with pytest.raises(InvalidJobInput, match=problem):
             parse_optimizer(bad)
+
+
+def test_the_selecting_optimizer_needs_a_loss_that_scores() -> None:
+    for scored in ({"type": "verifier", "check": "exact"}, {"type": "rubric", "criteria": "x"},
+                   {"type": "human", "kind": "rubric"},
+                   {"type": "composite", "losses": [{"loss": {"type": "judge"}}, {"loss": {"type": "verifier"}}]}):
+        require_scores(scored)
+    for critique, named in (({"type": "judge"}, "a judge loss"), ({"type": "human"}, "a freeform human loss"),
+                            ({"type": "composite", "losses": [{"loss": {"type": "judge"}, "weight": 1}]},
+                             "a composite of unscored losses")):
+        with pytest.raises(InvalidJobInput, match=f"{named} gives critique without a score") as raised:
+            require_scores(critique)
+        assert raised.value.param == "loss" and '{"type": "sfa"}' in str(raised.value)
