@@ -14,13 +14,21 @@ score comes from learning or from always answering one label.
 
     .venv/bin/python scripts/optimize_demo.py                    # SmolLM2 in process, seeds 0 1 2
     .venv/bin/python scripts/optimize_demo.py --budget 600 --candidates 4 --minibatch 8
+    .venv/bin/python scripts/optimize_demo.py --dspy-python .venv-dspy/bin/python   # ... and DSPy's, side by side
+
+With ``--dspy-python``, DSPy's optimizers (GEPA, MIPROv2, BootstrapFewShotWithRandomSearch; see
+``scripts/peers/dspy_sentiment.py``) then train the same model, served by ``inf-engine serve`` on a free port, on
+the same splits, metric and budget, and their rows are printed in the same table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +42,7 @@ from app.jobs.learning.specs import make_check
 from app.pipeline import EndpointConfig, ResourceConfig, ResourceManager
 from app.pipeline.optimization import SelectionOptimizer, VerifierLoss, evaluate
 
+ROOT = Path(__file__).resolve().parents[1]
 ALIASES = ["assistant", "optimizer/aggregator", "optimizer/updater"]
 TASK = "sentiment"
 
@@ -114,23 +123,81 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def dspy_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """DSPy's optimizers on the same model, data, metric and budget, through our OpenAI-compatible server (started
+    here on a free port unless ``--base-url`` names one), in DSPy's own venv; one row per training."""
+    from scripts.peers.server_process import Target, free_port
+
+    server = None
+    base_url, model = args.base_url, args.model
+    if base_url is None:
+        port = free_port()
+        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+        if args.model:
+            command += ["--model", args.model]
+        log = ROOT / "out" / "optimize_demo" / "serve.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        server = Target("inf-engine serve", command, dict(os.environ), "", port, log)
+        server.start(timeout=300)
+        base_url = server.base_url
+    command = [args.dspy_python, str(ROOT / "scripts" / "peers" / "dspy_sentiment.py"), "--base-url", base_url,
+               "--budget", str(args.budget), "--json", "--seeds", *map(str, args.seeds),
+               "--optimizers", *args.dspy_optimizers]
+    if model:
+        command += ["--model", model]
+    print(f"\nDSPy: {' '.join(command)}", flush=True)
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, check=False)
+    finally:
+        if server is not None:
+            server.stop()
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0:
+        rows.append({"optimizer": "dspy", "seed": "-", "error": f"the DSPy peer exited with {done.returncode}"})
+    return rows
+
+
+def table(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> str:
+    """Ours and DSPy's trainings side by side: test before and after, per label, metric calls, training time."""
     labels = list(rows[0]["after_labels"])
     head = " | ".join(f"{label} after" for label in labels)
-    lines = [f"| seed | test before | test after | gain | {head} | validation best | metric calls | accepted | "
-             "training s |", "|---:|---:|---:|---:|" + "---:|" * len(labels) + "---:|---:|---|---:|"]
+    lines = [f"| trainer | seed | test before | test after | gain | {head} | metric calls | training s | notes |",
+             "|---|---:|---:|---:|---:|" + "---:|" * len(labels) + "---:|---:|---|"]
     for row in rows:
-        cells = " | ".join(f"{row['after_labels'][label]:.2f}" for label in labels)
-        lines.append(
-            f"| {row['seed']} | {row['before']:.3f} | {row['after']:.3f} | {row['after'] - row['before']:+.3f} | "
-            f"{cells} | {row['val'][-1]:.3f} | {row['metric_calls']} | {row['accepted']}/{row['candidates']} "
-            f"({', '.join(row['kinds']) or '-'}) | {row['train_seconds']:.0f} |"
-        )
-    gains = [row["after"] - row["before"] for row in rows]
-    spread = f" ± {statistics.stdev(gains):.3f}" if len(gains) > 1 else ""
-    lines.append(f"| mean | {rows[0]['before']:.3f} | {statistics.mean(r['after'] for r in rows):.3f} | "
-                 f"{statistics.mean(gains):+.3f}{spread} |" + " |" * len(labels) + " | | | |")
+        note = (f"validation {row['val'][0]:.3f} -> {row['val'][-1]:.3f}; accepted {row['accepted']}/"
+                f"{row['candidates']} ({', '.join(row['kinds']) or '-'})")
+        lines.append(_line("inf-engine selection", row, labels, note))
+    for name, group in _by_trainer(rows, peers):
+        gains = [r["after"] - r["before"] for r in group]
+        spread = f" ± {statistics.stdev(gains):.3f}" if len(gains) > 1 else ""
+        worst = min(gains)
+        lines.append(f"| **{name} mean** | | {group[0]['before']:.3f} | {statistics.mean(r['after'] for r in group):.3f} "
+                     f"| {statistics.mean(gains):+.3f}{spread} |" + " |" * len(labels)
+                     + f" {statistics.mean(r['metric_calls'] for r in group):.0f} | "
+                       f"{statistics.mean(r['train_seconds'] for r in group):.0f} | worst seed {worst:+.3f} |")
+    for row in peers:
+        name = f"DSPy {row.get('dspy', '')} {row['optimizer']}".replace("  ", " ")
+        if row.get("error"):
+            lines.append(f"| {name} | {row['seed']} | | failed | |" + " |" * len(labels)
+                         + f" {row.get('metric_calls', '')} | | {row['error']} |")
+        else:
+            lines.append(_line(name, row, labels, f"{row['demos']} demonstrations"))
     return "\n".join(lines)
+
+
+def _line(name: str, row: dict[str, Any], labels: list[str], note: str) -> str:
+    cells = " | ".join(f"{row['after_labels'].get(label, 0.0):.2f}" for label in labels)
+    return (f"| {name} | {row['seed']} | {row['before']:.3f} | {row['after']:.3f} | {row['after'] - row['before']:+.3f} "
+            f"| {cells} | {row['metric_calls']} | {row['train_seconds']:.0f} | {note} |")
+
+
+def _by_trainer(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    groups = [("inf-engine selection", rows)]
+    for kind in dict.fromkeys(p["optimizer"] for p in peers):
+        done = [p for p in peers if p["optimizer"] == kind and not p.get("error")]
+        if done:
+            groups.append((f"DSPy {kind}", done))
+    return groups
 
 
 def main() -> None:
@@ -146,16 +213,21 @@ def main() -> None:
     parser.add_argument("--base-url", default=None, help="An OpenAI-compatible endpoint (with /v1) instead")
     parser.add_argument("--api-key", default="sk-none")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the in-process engine")
+    parser.add_argument("--dspy-python", default=None,
+                        help="a Python with DSPy (e.g. .venv-dspy/bin/python): also train DSPy's optimizers")
+    parser.add_argument("--dspy-optimizers", nargs="+", default=["gepa", "mipro", "bootstrap"],
+                        choices=("gepa", "mipro", "bootstrap"), help="which DSPy optimizers to run")
     args = parser.parse_args()
     if args.base_url and not args.model:
         parser.error("--base-url needs --model (the name the endpoint serves)")
     started = time.perf_counter()
     rows = asyncio.run(run(args))
+    peers = dspy_rows(args) if args.dspy_python else []
     sizes = {s: len(load_split(TASK, s)) for s in ("train", "validation", "test")}
     print(f"\nTask: {TASK} ({sizes}); model {args.model or 'SmolLM2-135M-Instruct (in process)'} as pipeline and "
           f"optimizer; budget {args.budget} metric calls, {args.candidates} candidates per step, minibatch "
           f"{args.minibatch}, up to {args.max_demos} demonstrations")
-    print(table(rows))
+    print(table(rows, peers))
     print(f"\nwall time: {time.perf_counter() - started:.0f} s")
 
 
