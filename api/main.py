@@ -10,6 +10,7 @@ the lifespan when a database is configured or already exists, otherwise on the f
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -37,6 +38,8 @@ from app.serving.backends import Backend, create_backend
 from app.settings import Settings, get_settings
 from app.version import version
 
+log = logging.getLogger(__name__)
+
 
 def create_app(
     settings: Settings | None = None, backend: Backend | None = None, jobs: JobsRuntime | None = None
@@ -56,7 +59,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await backend.start()
+        try:
+            await backend.start()
+        except ValueError as exc:  # a setting the backend refuses (max_model_len, dtype): one line before uvicorn's
+            log.error("the %s backend cannot start: %s", backend.name, exc)
+            raise
         try:
             await jobs.start_if_configured()
             await learning.start_if_configured()

@@ -273,6 +273,32 @@ class Settings(BaseSettings):
         default=False,
         description="Native engine on CUDA: run every decode step eagerly instead of replaying CUDA graphs",
     )
+    # vLLM's engine arguments, with vLLM's names and meanings (``inf-engine serve --max-model-len ...``)
+    max_model_len: int | None = Field(
+        default=None, ge=1,
+        description="Context length served (prompt + output tokens); unset = the model's (capped by the KV cache). "
+        "Takes 4096, or vLLM's shorthands 4k (4000) and 4K (4096)",
+    )
+    max_num_seqs: int = Field(default=256, ge=1, description="Native engine: most sequences in one step")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Native engine: token budget of one step; unset = 2048 (or max_model_len where larger and "
+        "prefill cannot be chunked)",
+    )
+    block_size: Literal[1, 8, 16, 32, 64, 128] = Field(
+        default=16, description="Native engine: tokens per KV-cache block (vLLM's choices)"
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="Native engine: reuse the KV blocks of prompts' shared prefixes"
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="Chat template for /v1/chat/completions instead of the model's: a Jinja file, or the template "
+        "itself (as vLLM's --chat-template)",
+    )
+    seed: int | None = Field(
+        default=None, ge=0, description="Seeds sampling for requests that give no seed of their own"
+    )
     quantization: Literal["int8", "gguf"] | None = Field(
         default=None,
         description="Native engine: 'int8' = weight-only int8 products (per-channel scales); 'gguf' = run a GGUF "
@@ -509,6 +535,16 @@ class Settings(BaseSettings):
     def _plain_lists(cls, value: Any, info: ValidationInfo) -> Any:
         return _plain_list(cls.model_fields.get(info.field_name or ""), value)
 
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _vllm_dtype_names(cls, value: Any) -> Any:
+        return _VLLM_DTYPE_NAMES.get(value, value) if isinstance(value, str) else value
+
+    @field_validator("max_model_len", "max_num_batched_tokens", "block_size", mode="before")
+    @classmethod
+    def _token_counts(cls, value: Any) -> Any:
+        return token_count(value)
+
     @field_validator("tenant_weights")
     @classmethod
     def _positive_weights(cls, value: dict[str, float]) -> dict[str, float]:
@@ -544,6 +580,23 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return _settings_sources(settings_cls, init_settings)
+
+
+_VLLM_DTYPE_NAMES = {"half": "float16", "float": "float32"}
+
+
+def token_count(value: Any) -> Any:
+    """vLLM's shorthand for token counts: ``4k`` is 4000 and ``4K`` 4096 (``m``/``M`` likewise); anything else
+    is left for the field's own check."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    scale = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}.get(text[-1:], 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        return int(float(number) * scale) if scale != 1 else int(number)
+    except ValueError:
+        return value
 
 
 def environment_variable(name: str) -> str | None:

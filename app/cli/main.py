@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import IO, Annotated, Any
@@ -13,7 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app.cli.console import EXIT_BAD_INPUT, err, fail, say_error
-from app.cli.requirements import IN_PROCESS_BACKENDS, missing_extra_message, require_engine
+from app.cli.requirements import missing_extra_message, require_engine
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inf-engine: LLM pipelines at scale")
 
@@ -176,99 +175,14 @@ async def _run_items(
     return failed
 
 
-@app.command("serve")
-def serve_command(
-    model_arg: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="MODEL", help="HF folder or .gguf file to serve, as `vllm serve MODEL` (same as --model)"
-        ),
-    ] = None,
-    host: Annotated[str | None, typer.Option(help="Address to bind (default: settings.serve_host)")] = None,
-    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default: settings.serve_port)")] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="native, transformers, vllm or openai (default: settings.backend)")
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option(help="HF folder or .gguf file to serve (default: settings.model or SmolLM2)")
-    ] = None,
-    api_key: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--api-key",
-            help="Bearer key clients must send (repeat for several; 'tenant:key' names a tenant); "
-            "replaces settings.api_keys",
-        ),
-    ] = None,
-) -> None:
-    """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, ...) with uvicorn.
-
-    The flags override the settings (INF_ENGINE_* and inf-engine.toml), which stay the source of truth."""
-    if model_arg is not None and model is not None and model_arg != model:
-        raise fail(f"MODEL {model_arg!r} and --model {model!r} differ: give the model once")
-    settings = _serve_settings(host, port, backend, model_arg or model, api_key)
-    if settings.backend in IN_PROCESS_BACKENDS:
-        require_engine("serve")
-    import uvicorn
-
-    from api.main import create_app
-    from app.serving.logs import configure_logging
-
-    configure_logging(settings.log_level)
-    try:
-        application = create_app(settings)
-    except ValueError as exc:  # e.g. a backend that misses its settings
-        raise fail(str(exc)) from None
-    logging.getLogger("inf_engine.cli").info(
-        "serving %r with the %s backend on http://%s:%s/v1",
-        application.state.backend.served_model_name, settings.backend, settings.serve_host, settings.serve_port,
-    )
-    uvicorn.run(
-        application,
-        host=settings.serve_host,
-        port=settings.serve_port,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
-
-
-def _serve_settings(
-    host: str | None, port: int | None, backend: str | None, model: str | None, api_keys: list[str] | None
-) -> Any:
-    """The settings with the command line's flags on top (each flag named in its own error line)."""
-    from app.settings import Settings, settings_error_message
-
-    options = {
-        "serve_host": "--host", "serve_port": "--port", "backend": "--backend", "model": "MODEL/--model",
-        "api_keys": "--api-key",
-    }
-    given = {"serve_host": host, "serve_port": port, "backend": backend, "model": model, "api_keys": api_keys}
-    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    try:
-        settings = Settings(**overrides)
-    except Exception as exc:
-        message = settings_error_message(exc, {k: options[k] for k in overrides})
-        if message is None:
-            raise
-        raise fail(message) from None
-    if model is not None and not Path(model).expanduser().exists() and settings.backend != "openai":
-        raise fail(f"model {model} does not exist (give an HF folder or a .gguf file; nothing is downloaded)")
-    chosen = settings.model
-    if settings.quantization == "gguf" and settings.backend == "native" and chosen and Path(chosen).expanduser().is_dir():
-        raise fail(
-            f"INF_ENGINE_QUANTIZATION=gguf runs a GGUF file's own 4-bit blocks, and {chosen} is a folder: give a "
-            ".gguf model (or none, for the default one), or unset INF_ENGINE_QUANTIZATION"
-        )
-    return settings
-
-
 def _add_platform_commands() -> None:
     from app.cli.db import db_app
     from app.cli.jobs import register_job_commands
     from app.cli.learning import register_learning_commands
+    from app.cli.serve import serve_command
     from app.cli.workers import register_worker_commands
 
+    app.command("serve")(serve_command)
     app.add_typer(db_app, name="db")
     register_job_commands(app)
     register_learning_commands(app)

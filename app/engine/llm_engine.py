@@ -309,7 +309,8 @@ class LLMEngine:
             if self.spec_decoder is not None and self.spec_decoder.draft is not None:
                 self.spec_decoder.draft.runner.warmup()
         log.info(
-            "engine ready: %s on %s/%s, %d KV blocks of %d tokens (%.0f MiB), max_model_len %d",
+            "engine ready: %s on %s/%s, %d KV blocks of %d tokens (%.0f MiB), max_model_len %d, max_num_seqs %d, "
+            "max_num_batched_tokens %d, prefix caching %s",
             self.model_name,
             device,
             str(dtype).removeprefix("torch."),
@@ -317,6 +318,9 @@ class LLMEngine:
             config.block_size,
             budget / (1 << 20),
             self.max_model_len,
+            config.max_num_seqs,
+            self.scheduler.config.max_num_batched_tokens,
+            "on" if config.enable_prefix_caching else "off",
         )
 
     def _size_kv_cache(self) -> tuple[int, int]:
@@ -325,7 +329,8 @@ class LLMEngine:
         max_pos = model_config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > max_pos:
             raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's context length ({max_pos})"
+                f"max_model_len={config.max_model_len} exceeds the model's context length ({max_pos}): give at "
+                f"most {max_pos}, or leave it unset"
             )
         budget = config.kv_cache_memory_bytes or self._default_kv_budget(self.device)
         return budget, num_blocks_for_budget(

@@ -15,6 +15,7 @@ __all__ = [
     "StopStringMatcher",
     "TextCodec",
     "default_served_name",
+    "load_chat_template",
     "resolve_hf_folder",
 ]
 
@@ -39,6 +40,26 @@ def default_served_name(model: str | None, served_model_name: str | None = None)
     from app.engine.loading import DEFAULT_MODEL_NAME
 
     return DEFAULT_MODEL_NAME
+
+
+def load_chat_template(value: str) -> str:
+    """The Jinja source ``--chat-template`` names, as vLLM reads it: a file's text, or the value itself when it is
+    a template. Raises ValueError (one line, saying what to give) for a missing file or a template that does not
+    parse, so that a server never starts with a chat template it would fail on at the first request."""
+    import jinja2
+
+    text = value
+    if "{{" not in value and "{%" not in value:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"chat template {value!r} is neither a file nor a Jinja template: give the path of a "
+                             ".jinja file, or the template itself")
+        text = path.read_text(encoding="utf-8")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"chat template {value!r} does not parse: {exc.message} (line {exc.lineno})") from None
+    return text
 
 
 def resolve_hf_folder(model: str | None) -> Path:
@@ -66,6 +87,7 @@ class LocalBackend(Backend):
 
     codec: Any = None  # a TextCodec with apply_chat_template; set by start()
     vocab_size: int | None = None
+    chat_template: str | None = None  # the server's --chat-template (its Jinja source), over the model's own
 
     def _require_codec(self) -> Any:
         if self.codec is None:
@@ -77,7 +99,7 @@ class LocalBackend(Backend):
     def template_source(self) -> str | None:
         """The chat template's Jinja source (ours: ``codec.chat_template``; transformers': its tokenizer's)."""
         codec = self._require_codec()
-        source = getattr(codec, "chat_template", None) or getattr(
+        source = self.chat_template or getattr(codec, "chat_template", None) or getattr(
             getattr(codec, "tokenizer", None), "chat_template", None
         )
         return source if isinstance(source, str) else None
@@ -91,6 +113,8 @@ class LocalBackend(Backend):
     ) -> str:
         codec = self._require_codec()
         rendered, extra = messages_for_template(messages, tools, template_supports_tools(self.template_source()))
+        if self.chat_template is not None:
+            extra = {**extra, "chat_template": self.chat_template}
         try:
             text = codec.apply_chat_template(
                 rendered, add_generation_prompt=add_generation_prompt, **{**kw, **extra}

@@ -29,7 +29,7 @@ from app.serving.backends.base import (
     Usage,
     heartbeat_health,
 )
-from app.serving.backends.local import LocalBackend, default_served_name
+from app.serving.backends.local import LocalBackend, default_served_name, load_chat_template
 
 if TYPE_CHECKING:
     from app.engine.async_engine import AsyncEngine, RequestStream
@@ -66,8 +66,10 @@ class NativeBackend(LocalBackend):
         speculative_config: Mapping[str, Any] | None = None,
         engine: AsyncEngine | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> None:
         super().__init__(served_model_name=default_served_name(model, served_model_name))
+        self.chat_template = chat_template
         self.model_path = model
         self.max_waiting = max_waiting
         self.health_stall_seconds = health_stall_seconds
@@ -98,7 +100,14 @@ class NativeBackend(LocalBackend):
                 "kv_cache_dtype": settings.kv_cache_dtype,
                 "quantization": settings.quantization,
                 "enforce_eager": settings.enforce_eager,
+                "max_model_len": settings.max_model_len,
+                "max_num_seqs": settings.max_num_seqs,
+                "max_num_batched_tokens": settings.max_num_batched_tokens,
+                "block_size": settings.block_size,
+                "enable_prefix_caching": settings.enable_prefix_caching,
+                "seed": settings.seed,
             },
+            chat_template=None if settings.chat_template is None else load_chat_template(settings.chat_template),
         )
 
     # ------------------------------------------------------------------------------------------ lifecycle

@@ -33,7 +33,13 @@ from app.serving.backends.base import (
     Usage,
     heartbeat_health,
 )
-from app.serving.backends.local import LocalBackend, StopStringMatcher, default_served_name, resolve_hf_folder
+from app.serving.backends.local import (
+    LocalBackend,
+    StopStringMatcher,
+    default_served_name,
+    load_chat_template,
+    resolve_hf_folder,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +69,7 @@ class _HFCodec:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any
     ) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
+        if not kw.get("chat_template") and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; use /v1/completions with a plain prompt")
         with self._lock:
             text = self.tokenizer.apply_chat_template(
@@ -99,8 +105,12 @@ class TransformersBackend(LocalBackend):
         health_stall_seconds: float = 30.0,
         device: str = "cpu",
         num_threads: int | None = None,
+        chat_template: str | None = None,
+        seed: int | None = None,
     ) -> None:
         super().__init__(served_model_name=default_served_name(model, served_model_name))
+        self.chat_template = chat_template
+        self.seed = seed
         self.model_path = model
         self.max_waiting = max_waiting
         self.health_stall_seconds = health_stall_seconds
@@ -123,6 +133,8 @@ class TransformersBackend(LocalBackend):
             max_waiting=settings.max_waiting,
             health_stall_seconds=settings.health_stall_seconds,
             num_threads=settings.num_threads,
+            chat_template=None if settings.chat_template is None else load_chat_template(settings.chat_template),
+            seed=settings.seed,
         )
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -245,10 +257,11 @@ class TransformersBackend(LocalBackend):
             queue_time = time.monotonic() - request.arrival_time
             emit(GenerationChunk(request.request_id, [], num_prompt_tokens=len(ids), queue_time=queue_time))
             params = request.params
-            if params.seed is not None:
+            seed = params.seed if params.seed is not None else self.seed
+            if seed is not None:  # the server's --seed for requests without one, as vLLM's
                 import torch
 
-                torch.manual_seed(params.seed)
+                torch.manual_seed(seed)
             total = 0
             for index in range(params.n):
                 if cancel.is_set():

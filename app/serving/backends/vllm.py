@@ -40,6 +40,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def vllm_engine_args(settings: Settings) -> list[str]:
+    """The engine settings that `vllm serve` takes under the same names, as its flags (only those set away from
+    the defaults, so that vLLM keeps its own defaults; our int8/gguf quantization and float32 KV cache have no
+    vLLM counterpart and stay ours)."""
+    args: list[str] = []
+    if settings.dtype != "auto":
+        args += ["--dtype", settings.dtype]
+    if settings.kv_cache_dtype == "bfloat16":
+        args += ["--kv-cache-dtype", "bfloat16"]
+    for name in ("max_model_len", "max_num_batched_tokens", "seed"):
+        value = getattr(settings, name)
+        if value is not None:
+            args += [f"--{name.replace('_', '-')}", str(value)]
+    if settings.max_num_seqs != 256:
+        args += ["--max-num-seqs", str(settings.max_num_seqs)]
+    if settings.block_size != 16:
+        args += ["--block-size", str(settings.block_size)]
+    if not settings.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")
+    if settings.chat_template is not None:
+        args += ["--chat-template", settings.chat_template]
+    if settings.enforce_eager:
+        args.append("--enforce-eager")
+    return args
+
+
 class VLLMBackend(OpenAIProxyBackend):
     name = "vllm"
 
@@ -78,7 +104,7 @@ class VLLMBackend(OpenAIProxyBackend):
             python=settings.vllm_python,
             model=settings.model,
             served_model_name=settings.served_model_name,
-            extra_args=settings.vllm_extra_args,
+            extra_args=[*vllm_engine_args(settings), *settings.vllm_extra_args],
             startup_timeout=settings.vllm_startup_timeout,
             timeout=settings.upstream_timeout,
         )

@@ -9,42 +9,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from app.pipeline import LLMInference, ResourceConfig, run
+from tests.support.cli_process import Served, cli
+from tests.support.cluster import free_port
 from tests.support.server_helpers import build_tiny_llama
 
 pytestmark = pytest.mark.timeout(120)
 KEY = "sk-serve-test"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cli() -> list[str]:
-    script = Path(sys.executable).with_name("inf-engine")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "app.cli"]
-
-
-class Served:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,15 @@ def test_settings_choose_the_policies(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("INF_ENGINE_KV_CACHE_DTYPE", "float32")
     monkeypatch.setenv("INF_ENGINE_QUANTIZATION", "int8")
     monkeypatch.setenv("INF_ENGINE_ENFORCE_EAGER", "true")
+    monkeypatch.setenv("INF_ENGINE_MAX_MODEL_LEN", "2K")  # vLLM's shorthand: 2048
+    monkeypatch.setenv("INF_ENGINE_MAX_NUM_SEQS", "8")
+    monkeypatch.setenv("INF_ENGINE_MAX_NUM_BATCHED_TOKENS", "512")
+    monkeypatch.setenv("INF_ENGINE_BLOCK_SIZE", "32")
+    monkeypatch.setenv("INF_ENGINE_ENABLE_PREFIX_CACHING", "false")
+    monkeypatch.setenv("INF_ENGINE_SEED", "3")
+    monkeypatch.setenv("INF_ENGINE_CHAT_TEMPLATE", "{{ messages[0]['content'] }}")
     backend = NativeBackend.from_settings(Settings())
+    assert backend.chat_template == "{{ messages[0]['content'] }}"
     assert backend.engine_kwargs == {
         "kv_cache_eviction_policy": "lfu",
         "prefix_cache_ttl_s": 300.0,
@@ -42,6 +50,12 @@ def test_settings_choose_the_policies(tmp_path: Path, monkeypatch: pytest.Monkey
         "kv_cache_dtype": "float32",
         "quantization": "int8",
         "enforce_eager": True,
+        "max_model_len": 2048,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 512,
+        "block_size": 32,
+        "enable_prefix_caching": False,
+        "seed": 3,
     }
 
 
@@ -121,3 +135,17 @@ def test_native_server_reports_hits_and_evictions_of_its_policy(policy: str, tmp
     assert evicted > 0
     assert metric(text, "inf_engine_prefix_cache_evictions_total", policy=policy, reason="ttl") == 0
     assert 'policy="lru"' not in text
+
+
+def test_vllm_gets_the_engine_flags_under_its_own_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.serving.backends.vllm import vllm_engine_args
+
+    monkeypatch.chdir(tmp_path)
+    assert vllm_engine_args(Settings()) == []  # vLLM keeps its own defaults
+    chosen = Settings(dtype="half", max_model_len="4k", max_num_seqs=8, max_num_batched_tokens=1024, block_size=32,
+                      enable_prefix_caching=False, chat_template="t.jinja", seed=1, enforce_eager=True,
+                      kv_cache_dtype="bfloat16", quantization="int8")
+    assert vllm_engine_args(chosen) == [
+        "--dtype", "float16", "--kv-cache-dtype", "bfloat16", "--max-model-len", "4000",
+        "--max-num-batched-tokens", "1024", "--seed", "1", "--max-num-seqs", "8", "--block-size", "32",
+        "--no-enable-prefix-caching", "--chat-template", "t.jinja", "--enforce-eager"]
