@@ -299,10 +299,12 @@ class Settings(BaseSettings):
     seed: int | None = Field(
         default=None, ge=0, description="Seeds sampling for requests that give no seed of their own"
     )
-    quantization: Literal["int8", "gguf"] | None = Field(
+    quantization: Literal["none", "int8", "gguf"] | None = Field(
         default=None,
-        description="Native engine: 'int8' = weight-only int8 products (per-channel scales); 'gguf' = run a GGUF "
-        "model's own Q4_0/Q4_1 blocks (4-bit products, CPU)",
+        description="Native engine: unset = per CPU class (a GGUF model on a CPU without bfloat16 products keeps "
+        "its Q4 blocks for steps of few rows beside float32 weights for the larger ones); 'none' = the weights as "
+        "loaded; 'int8' = weight-only int8 products (per-channel scales); 'gguf' = a GGUF model's own Q4_0/Q4_1 "
+        "blocks for every step (4-bit products, CPU)",
     )
     speculative_config: dict[str, Any] | None = Field(
         default=None,

@@ -45,7 +45,7 @@ def serve_command(
     dtype: Annotated[str | None, typer.Option(
         help="auto, float32 (float), bfloat16 or float16 (half)", rich_help_panel=_ENGINE)] = None,
     quantization: Annotated[str | None, typer.Option(
-        "--quantization", "-q", help="int8 (weight-only) or gguf (the GGUF file's own blocks)",
+        "--quantization", "-q", help="none, int8 (weight-only) or gguf (the GGUF file's own blocks); unset: per CPU class",
         rich_help_panel=_ENGINE)] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option(
         help="auto, float32 or bfloat16", rich_help_panel=_ENGINE)] = None,
@@ -112,8 +112,6 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
     from app.serving.backends.local import load_chat_template
     from app.settings import Settings, settings_error_message
 
-    if overrides.get("quantization") in ("none", "None"):  # vLLM's spelling of "no quantization"
-        overrides["quantization"] = None
     try:
         settings = Settings(**overrides)
     except Exception as exc:

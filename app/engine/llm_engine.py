@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+import app.engine.kernels.library as library
 from app.engine.config import ModelConfig
 from app.engine.core.admission import BatchingStrategyName, check_batching_strategy
 from app.engine.core.block_manager import BlockManager, num_blocks_for_budget
@@ -41,7 +42,13 @@ from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.metrics import EngineStats, StatsCollector
 from app.engine.model_runner import ModelRunner
 from app.engine.models.base import PagedCausalLM
-from app.engine.models.quantization import check_quantization, quantize_model
+from app.engine.models.quantization import (
+    QUANTIZATIONS,
+    auto_block_rows,
+    check_quantization,
+    memory_available,
+    quantize_model,
+)
 from app.engine.output_processor import OutputProcessor
 from app.engine.outputs import RequestOutput
 from app.engine.sampler import LogprobsMode, Sampler, SampleResult, SamplingRow
@@ -79,7 +86,9 @@ class EngineConfig:
     # "auto": the activations' dtype, but bfloat16 under bfloat16 weights on a CPU with AVX512-BF16 (its attention
     # reads bfloat16 values); or "float32" / "bfloat16"
     kv_cache_dtype: str = "auto"
-    # Weight-only quantization of the matrix products: None, "int8" or "gguf" (app.engine.models.quantization)
+    # Weight-only quantization of the matrix products (app.engine.models.quantization): None picks per CPU class
+    # (a GGUF model on a CPU without bfloat16 products keeps its Q4 blocks for few-row steps beside float32
+    # weights); "none" keeps the loaded weights; "int8" or "gguf" for every step
     quantization: str | None = None
     device: str | torch.device = "auto"  # "auto": CUDA when available
     block_size: int = 16
@@ -186,6 +195,30 @@ class EngineConfig:
 
 
 # ---- the engine ------------------------------------------------------------------------------------------
+def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.device, dtype: torch.dtype) -> None:
+    """Quantization "auto": a GGUF model with float32 weights on CPU keeps the file's Q4 blocks beside them, for
+    the steps of few rows (:data:`AUTO_BLOCK_ROWS`), where memory allows; the load log says which it chose."""
+    from app.engine.kernels.qblock import qblock_isa
+    from app.engine.loading import apply_quantization, default_model_path
+    from app.engine.loading.gguf import is_gguf_file
+
+    path = default_model_path() if source is None else Path(source).expanduser()
+    rows = auto_block_rows(qblock_isa() if library.available() else None)
+    if device.type != "cpu" or dtype != torch.float32 or rows is None or not is_gguf_file(path):
+        return
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    free = memory_available()
+    if free is not None and free < weights // 4:  # the blocks take about a sixth of the float32 bytes
+        log.info("quantization auto: float32 weights only (%.0f MiB available, too little to keep %s's blocks "
+                 "beside them)", free / (1 << 20), path.name)
+        return
+    count = apply_quantization(model, "gguf", path, beside_float_rows=rows)
+    if count:
+        log.info("quantization auto: %s's Q4 blocks kept beside the float32 weights (%d linear layers): steps of "
+                 "up to %d rows run on the blocks, larger ones in float32 (set quantization 'none' or 'gguf' to "
+                 "keep one)", path.name, count, rows)
+
+
 
 
 def _engine_config(
@@ -222,8 +255,10 @@ class LLMEngine:
         loaded, tokenizer, model_config = load_model(
             config.model, dtype=dtype, device=device, cache_dir=config.model_cache_dir
         )
-        if config.quantization:
+        if config.quantization in QUANTIZATIONS:
             apply_quantization(loaded, config.quantization, config.model)
+        elif config.quantization is None:
+            _auto_blocks(loaded, config.model, device, dtype)
         self._setup(config, loaded, tokenizer, model_config, device, dtype)
 
     @classmethod
@@ -242,7 +277,7 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         engine = cls.__new__(cls)
-        if config.quantization:  # in place: engines sharing this model share its quantized weights
+        if config.quantization in QUANTIZATIONS:  # in place: engines sharing this model share its quantized weights
             quantize_model(model, config.quantization)
         weight = model.lm_head_weight()
         engine._setup(config, model, tokenizer, model_config, weight.device, weight.dtype)

@@ -141,10 +141,13 @@ def load_model(
     return model, tokenizer, config
 
 
-def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | None = None) -> int:
+def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | None = None, *,
+                       beside_float_rows: int | None = None) -> int:
     """Quantize a loaded model in place (``EngineConfig.quantization``); returns how many Linears changed.
     ``"gguf"`` reads the 4-bit blocks of the GGUF file ``path`` (None: the default model) that the model was
-    loaded from; other methods quantize the loaded weights."""
+    loaded from; other methods quantize the loaded weights. ``beside_float_rows`` (``"gguf"`` only): keep the
+    float weights too, the blocks serving steps of at most that many rows (quantization "auto"; the qblock
+    kernel only, and no error when nothing fits: the model then stays as it was)."""
     model.weights_changed()
     if method != "gguf":
         return quantize_model(model, method)
@@ -164,18 +167,24 @@ def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | Non
         parts = [blocks[n] for n in hf_names]
         codes, scale, zero = (torch.cat([p[i] for p in parts], dim=0) for i in range(3))
         if native and codes.shape[1] % 64 == 0:
-            install_qblocks(module, q4_blocks(codes, scale, zero))
-        else:
+            install_qblocks(module, q4_blocks(codes, scale, zero), beside_float_rows)
+        elif beside_float_rows is None:
             install_q4(module, codes, scale, zero)
+        else:
+            continue
         count += 1
     if native and count:
         _install_block_head(model, gguf, config, blocks)
+        model.block_rows = beside_float_rows
+    if count == 0 and beside_float_rows is not None:
+        return 0
     if count == 0:
         raise ValueError(
             f"quantization='gguf' found no Q4_0/Q4_1 matrices it can run in {source.name}; "
             "load it without quantization (or with quantization='int8')"
         )
-    log.info("quantization='gguf': %d linear layers run %s's 4-bit blocks", count, source.name)
+    if beside_float_rows is None:
+        log.info("quantization='gguf': %d linear layers run %s's 4-bit blocks", count, source.name)
     return count
 
 

@@ -56,9 +56,16 @@ class PagedCausalLM(nn.Module):
         # quantization="gguf": the LM head in the file's own blocks (qblock kernel), beside the float copy the
         # embedding lookup reads
         self.lm_head_blocks: QBlockWeight | None = None
+        # quantization "auto": GGUF blocks beside the float weights serve steps of at most this many rows (None:
+        # the blocks, where there are any, serve every step)
+        self.block_rows: int | None = None
         # what a model builds from its weights and caches for fast decode steps (llama: the C decode layers);
         # None until first used, and again whenever the weights or the caches change
         self.decode_plan: Any = None
+
+    def blocks_serve(self, rows: int) -> bool:
+        """Whether a step of ``rows`` rows runs on the GGUF blocks (where the model has them)."""
+        return self.block_rows is None or rows <= self.block_rows
 
     def weights_changed(self) -> None:
         """Forget what was built from the weights (call after changing them in place, as quantization does)."""
@@ -115,7 +122,7 @@ class PagedCausalLM(nn.Module):
         ``out`` lets a runner reuse one logits buffer across steps (a fresh [B, vocab] tensor every step costs
         page faults on CPU); the caller must be done with the previous step's logits.
         """
-        if self.lm_head_blocks is not None and hidden.dtype == torch.float32:
+        if self.lm_head_blocks is not None and hidden.dtype == torch.float32 and self.blocks_serve(hidden.shape[0]):
             logits = qblock_linear(hidden, self.lm_head_blocks)
             return qblock_reference(hidden, self.lm_head_blocks) if logits is None else logits
         head = self.lm_head_weight()

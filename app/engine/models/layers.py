@@ -33,6 +33,9 @@ class Linear(nn.Module):
         self.group_size = 0
         # quantization: a GGUF file's own blocks in the layout of the qblock kernel (``weight`` is their codes)
         self.qweight: QBlockWeight | None = None
+        # blocks beside float weights (quantization "auto"): the blocks serve products of at most this many rows,
+        # the float weights the larger ones; None: the blocks serve every product (``weight`` is their codes)
+        self.block_rows: int | None = None
 
     def forward(self, x: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
         """``keep_bf16``: a bfloat16 weight's CPU product (without bias) comes back in bfloat16, as oneDNN gives
@@ -41,7 +44,7 @@ class Linear(nn.Module):
             out = bf16_linear(x, self.weight, keep_bf16=True)
             if out is not None:
                 return out
-        if self.qweight is not None:
+        if self.qweight is not None and (self.block_rows is None or x.shape[0] <= self.block_rows):
             out = qblock_linear(x, self.qweight, self.bias)
             return qblock_reference(x, self.qweight, self.bias) if out is None else out
         if self.scales is not None:

@@ -40,10 +40,13 @@ from app.engine.models.layers import (
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _layer_weights(lin: Linear) -> LayerWeights | None:
-    """A Linear's weights as the C decode layer takes them: GGUF blocks, float32 or bfloat16 (no int8/int4)."""
-    if lin.qweight is not None:
+def _layer_weights(lin: Linear, blocks: bool = True) -> LayerWeights | None:
+    """A Linear's weights as the C decode layer takes them: GGUF blocks, float32 or bfloat16 (no int8/int4).
+    ``blocks=False``: the float weights of a Linear that keeps both (None when it has only blocks)."""
+    if lin.qweight is not None and blocks:
         return LayerWeights(lin.weight, lin.qweight, lin.bias)
+    if lin.qweight is not None and lin.block_rows is None:
+        return None
     if lin.scales is not None or lin.weight.dtype not in (torch.float32, torch.bfloat16):
         return None
     return LayerWeights(lin.weight, None, lin.bias)
@@ -177,9 +180,12 @@ class LlamaForCausalLM(PagedCausalLM):
             return None
         if x.dtype != torch.float32 or x.device.type != "cpu" or not decode_layer_enabled():
             return None
+        blocks = self.blocks_serve(x.shape[0])
         if self.decode_plan is None:
-            self.decode_plan = self._build_decode_layers()
-        layers, all_blocks = self.decode_plan
+            self.decode_plan = {}
+        if blocks not in self.decode_plan:
+            self.decode_plan[blocks] = self._build_decode_layers(blocks)
+        layers, all_blocks = self.decode_plan[blocks]
         if not layers:
             return None
         # the products the Python layer would run: small_matmul below ONEDNN_MIN_ROWS, blocks up to MAX_ROWS,
@@ -208,8 +214,9 @@ class LlamaForCausalLM(PagedCausalLM):
         )
         return step.run(layers, x.contiguous())
 
-    def _build_decode_layers(self) -> tuple[list[DecodeLayer], bool]:
-        """Each layer's C struct, or an empty list when one of them cannot run in C."""
+    def _build_decode_layers(self, blocks: bool = True) -> tuple[list[DecodeLayer], bool]:
+        """Each layer's C struct (on the GGUF blocks where there are any and ``blocks``), or an empty list when one
+        of them cannot run in C."""
         if self.param_device.type != "cpu" or len(self.kv_caches) != len(self.layers):
             return [], False
         built: list[DecodeLayer] = []
@@ -217,7 +224,7 @@ class LlamaForCausalLM(PagedCausalLM):
             layer = cast(LlamaDecoderLayer, module)
             attn, mlp = layer.self_attn, layer.mlp
             linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            weights = [_layer_weights(lin) for lin in linears]
+            weights = [_layer_weights(lin, blocks) for lin in linears]
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if any(w is None for w in weights) or norms[0].eps != norms[1].eps:
                 return [], False

@@ -108,7 +108,7 @@ def test_a_context_longer_than_the_model_stops_the_server_in_one_line(tmp_path: 
     (["--block-size", "7"], "--block-size: Input should be 1, 8, 16, 32, 64 or 128 (got 7)"),
     (["--max-model-len", "lots"], "--max-model-len: Input should be a valid integer"),
     (["--max-num-seqs", "0"], "--max-num-seqs: Input should be greater than or equal to 1 (got 0)"),
-    (["--quantization", "awq"], "--quantization: Input should be 'int8' or 'gguf' (got 'awq')"),
+    (["--quantization", "awq"], "--quantization: Input should be 'none', 'int8' or 'gguf' (got 'awq')"),
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype: Input should be 'auto', 'float32' or 'bfloat16' (got 'fp8')"),
     (["--chat-template", "no-such.jinja"], "--chat-template: chat template 'no-such.jinja' is neither a file nor"),
     (["--chat-template", "{% for %}"], "--chat-template: chat template '{% for %}' does not parse"),

@@ -84,7 +84,7 @@ def test_close_to_float32_and_exact_within_the_mode(
 def test_unknown_quantization_is_a_value_error() -> None:
     from app.engine.llm_engine import EngineConfig
 
-    with pytest.raises(ValueError, match=r"quantization must be None or one of \['int8', 'gguf'\], got 'awq'"):
+    with pytest.raises(ValueError, match=r"quantization must be None, 'none' or one of \['int8', 'gguf'\], got 'awq'"):
         EngineConfig(quantization="awq")
 
 

@@ -1,0 +1,73 @@
+"""Quantization unset ("auto") on a CPU without bfloat16 products: a GGUF model keeps the file's Q4 blocks
+beside its float32 weights; steps of few rows run on the blocks (as ``quantization="gguf"``), larger ones in
+float32 (as ``quantization="none"``), token for token. Runs on every CPU class with the C kernels (AVX2 and VNNI
+both run the qblock kernel); on AVX512-BF16 the default weights are bfloat16 and auto keeps them alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import app.engine.kernels.library as library
+from app.engine import LLMEngine, SamplingParams
+from app.engine.kernels.qblock import qblock_isa
+from app.engine.models.layers import Linear
+from app.engine.models.quantization import AUTO_BLOCK_ROWS, auto_block_rows, check_quantization
+from tests.support.engine_runtime import random_prompts
+
+gguf = pytest.importorskip("gguf")
+from tests.support.gguf_files import write_q4  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not library.available(), reason="auto keeps blocks only where the C kernels run")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_q4(tmp_path_factory.mktemp("q4_auto"), gguf.GGMLQuantizationType.Q4_1)
+
+
+def engine(path: Path, tmp: Path, quantization: str | None) -> LLMEngine:
+    return LLMEngine(path, quantization=quantization, dtype="float32", model_cache_dir=tmp, seed=0,
+                     kv_cache_memory_bytes=1 << 22)
+
+
+def tokens(outputs: list[Any]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_the_rows_per_cpu_class() -> None:
+    assert auto_block_rows("avx2") == AUTO_BLOCK_ROWS["avx2"] == 16 and auto_block_rows("vnni") == 24
+    assert auto_block_rows(None) is None
+    for accepted in (None, "none", "int8", "gguf"):
+        check_quantization(accepted)
+
+
+def test_auto_keeps_both_and_each_step_size_runs_on_its_own(q4_file: Path, tmp_path: Path) -> None:
+    auto = engine(q4_file, tmp_path, None)
+    rows = auto_block_rows(qblock_isa())
+    linears = [m for m in auto.runner.model.modules() if isinstance(m, Linear) and m.qweight is not None]
+    assert linears and all(m.weight.dtype == torch.float32 and m.block_rows == rows for m in linears)
+    assert auto.runner.model.block_rows == rows
+    few = random_prompts(2, 2, 6, seed=1)  # prefill and decode of at most a dozen rows: the blocks
+    assert tokens(auto.generate(few, GREEDY)) == tokens(engine(q4_file, tmp_path, "gguf").generate(few, GREEDY))
+    assert rows is not None
+    many = random_prompts(rows + 4, 2, 6, seed=2)  # every step over the rows: float32
+    assert tokens(auto.generate(many, GREEDY)) == tokens(engine(q4_file, tmp_path, "none").generate(many, GREEDY))
+
+
+def test_none_keeps_the_float_weights_alone(q4_file: Path, tmp_path: Path) -> None:
+    plain = engine(q4_file, tmp_path, "none")
+    model = plain.runner.model
+    assert model.block_rows is None and model.lm_head_blocks is None
+    assert all(m.qweight is None for m in model.modules() if isinstance(m, Linear))
+
+
+def test_an_hf_folder_stays_float(tmp_path: Path) -> None:
+    from tests.support.server_helpers import build_tiny_llama
+
+    model = engine(build_tiny_llama(tmp_path / "tiny"), tmp_path, None).runner.model
+    assert all(m.qweight is None for m in model.modules() if isinstance(m, Linear))
