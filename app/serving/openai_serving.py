@@ -30,6 +30,7 @@ from app.serving.backends.base import (
     HealthStatus,
 )
 from app.serving.chat import chat_body, chat_head, chat_messages, chat_sse
+from app.serving.embeddings import EmbeddingService
 from app.serving.errors import bad_request, error_body, model_not_found
 from app.serving.metrics import ServingMetrics
 from app.serving.params import (
@@ -52,6 +53,7 @@ from app.serving.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from app.serving.structured import Structure, request_structure, upstream_structure_fields
@@ -163,9 +165,11 @@ def chat_generation_request(
 class OpenAIServing:
     """Everything behind the OpenAI routes, for one backend."""
 
-    def __init__(self, backend: Backend, metrics: ServingMetrics | None = None) -> None:
+    def __init__(self, backend: Backend, metrics: ServingMetrics | None = None,
+                 embeddings: EmbeddingService | None = None) -> None:
         self.backend = backend
         self.metrics = metrics or ServingMetrics(backend.served_model_name, backend.stats)
+        self.embeddings = embeddings  # the embedding model beside the chat model (/v1/embeddings), if any
 
     @property
     def model_names(self) -> list[str]:
@@ -174,7 +178,24 @@ class OpenAIServing:
     def check_model(self, model: str | None) -> str:
         if model is None or model in self.model_names:
             return self.backend.served_model_name
+        if self.embeddings is not None and model == self.embeddings.name:
+            raise bad_request(f"model {model} is an embedding model: send it to /v1/embeddings; this route's "
+                              f"model is {self.backend.served_model_name}", "model")
         raise model_not_found(model, self.model_names)
+
+    async def embed(self, req: EmbeddingRequest) -> dict[str, Any]:
+        """``/v1/embeddings``: the embedding model's vectors (a 400 for a model that does not pool)."""
+        service = self.embeddings
+        if service is None:
+            raise bad_request(f"model {req.model or self.backend.served_model_name} does not pool: this server "
+                              "serves no embedding model (start it with --embedding-model all-MiniLM-L6-v2, or "
+                              "set INF_ENGINE_EMBEDDING_MODEL)", "model")
+        if req.model is not None and req.model != service.name:
+            if req.model in self.model_names:
+                raise bad_request(f"model {req.model} generates text and does not pool; embeddings come from "
+                                  f"{service.name}", "model")
+            raise model_not_found(req.model, [service.name])
+        return await service.embed(req)
 
     # -------------------------------------------------------------------------------------- simple routes
     async def health(self) -> HealthStatus:
@@ -185,6 +206,7 @@ class OpenAIServing:
 
     async def list_models(self) -> dict[str, Any]:
         cards = await self.backend.models()
+        pooling = [self.embeddings.card()] if self.embeddings is not None and self.embeddings.model is not None else []
         return {
             "object": "list",
             "data": [
@@ -198,7 +220,7 @@ class OpenAIServing:
                     "max_model_len": c.max_model_len,
                 }
                 for c in cards
-            ],
+            ] + pooling,
         }
 
     async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:

@@ -244,3 +244,36 @@ class TokenizeRequest(_Request):
 class DetokenizeRequest(_Request):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0, le=_INT_MAX)]]
+
+
+# ---------------------------------------------------------------------------------------------- embeddings
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit of inputs per request
+
+
+class EmbeddingRequest(_Request):
+    """OpenAI's ``/v1/embeddings`` body: ``input`` is a string, a list of strings, a list of token ids or a list
+    of such lists (token ids are used as given: no special tokens added)."""
+
+    model: str | None = None
+    input: str | list[str] | list[Annotated[int, Field(ge=0, le=_INT_MAX)]] | list[
+        list[Annotated[int, Field(ge=0, le=_INT_MAX)]]
+    ]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("input must not be an empty string")
+            return value
+        if not value:
+            raise ValueError("input must not be an empty list")
+        if len(value) > MAX_EMBEDDING_INPUTS and not isinstance(value[0], int):
+            raise ValueError(f"input holds {len(value)} items; at most {MAX_EMBEDDING_INPUTS} per request")
+        for index, item in enumerate(value):
+            if isinstance(item, str | list) and not item:
+                raise ValueError(f"input[{index}] is empty: every input needs at least one character or token")
+        return value
