@@ -78,7 +78,7 @@ async def test_concurrent_requests_are_embedded_together() -> None:
     try:
         model.gate.clear()  # the first request holds the model while the others queue up
         first = asyncio.create_task(embeddings.embed(EmbeddingRequest(input="x")))
-        while not model.calls and not embeddings._queue.empty():  # noqa: SLF001
+        while not model.calls and embeddings._queue is not None and not embeddings._queue.empty():
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         rest = [asyncio.create_task(embeddings.embed(EmbeddingRequest(input=f"r{i}"))) for i in range(10)]
