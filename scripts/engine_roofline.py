@@ -6,7 +6,11 @@ the engine's own ``linear``), for several batch sizes.
     .venv/bin/python scripts/engine_roofline.py --rows 1,64,512 --threads 2
 
 Compare a workload's measured tokens/s (scripts/bench_engine.py) with the ceiling at its batch size: the gap is
-what attention, norms, sampling and Python cost.
+what attention, norms, sampling and Python cost. ``--workloads A:64:365,B:96:285,C:1:37`` (name, sequences per
+step, measured tok/s) also prints, per workload, the share it reaches of this CPU's float32 and int8 roofs
+(peak multiply-adds from /proc/cpuinfo: vector width, two FMA ports, the clock; int8 is four times float32 with
+VNNI, twice without) and, for decoding, of the memory roof (the weights' bytes read per step against the copy
+bandwidth measured here).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine import LLMEngine
+from app.engine.kernels.cpu_features import cpu_flags
 from app.engine.models.layers import linear
 
 
@@ -49,16 +54,63 @@ def time_step(weights: list[torch.Tensor], rows: int, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
+def cpu_roofs(threads: int) -> tuple[float, float, str]:
+    """Peak float32 and int8 operations per second of ``threads`` cores, and how they were reckoned."""
+    flags = cpu_flags()
+    width = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4  # float32 lanes of one vector
+    mhz = 0.0
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+        for line in info:
+            if line.startswith("cpu MHz"):
+                mhz = max(mhz, float(line.split(":")[1]))
+    fp32 = threads * mhz * 1e6 * width * 2 * 2  # two FMA ports, two operations per multiply-add
+    vnni = bool(flags & {"avx512_vnni", "avx_vnni"})
+    int8 = fp32 * (4 if vnni else 2)
+    kind = "VNNI" if vnni else "without VNNI"
+    how = f"{threads} cores x {mhz:.0f} MHz x {width} float32 lanes x 2 FMA ports; int8 {kind} x{4 if vnni else 2}"
+    return fp32, int8, how
+
+
+def copy_bandwidth(megabytes: int = 512) -> float:
+    """Bytes per second of a large tensor copy (read plus write), the best of three."""
+    src = torch.ones(megabytes * (1 << 20) // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
+
+
+def workload_shares(spec: str, flops: int, weight_bytes: int, threads: int) -> None:
+    fp32, int8, how = cpu_roofs(threads)
+    bandwidth = copy_bandwidth()
+    print(f"\nroofs: float32 {fp32 / 1e9:.0f} GFLOP/s, int8 {int8 / 1e9:.0f} GOP/s ({how}); memory "
+          f"{bandwidth / 1e9:.1f} GB/s (copy)")
+    print("| workload | sequences | tok/s | GFLOP/s | float32 roof | int8 roof | weight bytes/s | memory roof |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for item in spec.split(","):
+        name, rows, rate = item.split(":")
+        tok_s, seqs = float(rate), int(rows)
+        achieved = flops * tok_s
+        read = weight_bytes * tok_s / seqs  # each decode step reads every weight once for all its sequences
+        print(f"| {name} | {seqs} | {tok_s:.1f} | {achieved / 1e9:.1f} | {achieved / fp32:.1%} | "
+              f"{achieved / int8:.1%} | {read / 1e9:.2f} GB/s | {read / bandwidth:.1%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", default="1,16,64,128", help="batch sizes (tokens per step), comma-separated")
+    parser.add_argument("--workloads", default=None,
+                        help="measured workloads as name:sequences:tok/s, comma-separated (e.g. A:64:365,C:1:37)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = LLMEngine(model=args.model, num_threads=args.threads, kv_cache_memory_bytes=256 * 1024**2)
     model = engine.runner.model
-    if not hasattr(model, "layers") or not hasattr(model.layers[0], "mlp"):
+    if not hasattr(model, "layers") or not hasattr(model.layers[0], "mlp"):  # type: ignore[index]
         raise SystemExit("this script knows the Llama layout only")
     weights = product_weights(model)
     flops = sum(2 * w.shape[0] * w.shape[1] for w in weights)
@@ -67,6 +119,12 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",") if r.strip()):
         seconds = time_step(weights, rows, repeats=max(3, 300 // max(rows, 1)))
         print(f"{rows:>6} {seconds * 1000:>9.2f} {rows / seconds:>14.1f} {flops * rows / seconds / 1e9:>9.1f}")
+    if args.workloads:
+        read = sum(w.numel() * w.element_size() for w in weights)
+        blocks = [m.qweight for m in model.modules() if getattr(m, "qweight", None) is not None]
+        if blocks:  # decode steps of few rows read the GGUF blocks instead (quantization auto or gguf)
+            print(f"(the model also keeps GGUF blocks: {len(blocks)} matrices; bytes below count float32)")
+        workload_shares(args.workloads, flops, read, args.threads)
 
 
 if __name__ == "__main__":
