@@ -38,6 +38,7 @@ import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -213,6 +214,8 @@ class AttentionMetadata:
     bf16_products: bool = False
     # Set by the CUDA-graph runner: the fixed-shape decode layout its graphs replay (see StaticDecode).
     static_decode: StaticDecode | None = field(default=None, repr=False)
+    # Set by the model runner for a step with captures or interventions (app.engine.hidden_states.StepHooks)
+    hooks: Any = field(default=None, repr=False)
     prefills: list[_PrefillSeq] = field(init=False, default_factory=list, repr=False)
     _decode_groups: list[_DecodeGroup] | None = field(init=False, default=None, repr=False)
     _cu: list[int] = field(init=False, default_factory=list, repr=False)

@@ -37,11 +37,14 @@ from app.engine.core.sampling_params import SamplingParams
 from app.engine.core.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.guided.matcher import GuidedDecoding
+from app.engine.hidden_states import attach as attach_captures
+from app.engine.hidden_states import check_hidden_state_params
 from app.engine.input_processor import InputProcessor, PromptInput, TokenizedPrompt
 from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.metrics import EngineStats, StatsCollector
 from app.engine.model_runner import ModelRunner
 from app.engine.models.base import PagedCausalLM
+from app.engine.models.llama import LlamaForCausalLM
 from app.engine.models.quantization import (
     QUANTIZATIONS,
     auto_block_rows,
@@ -459,6 +462,8 @@ class LLMEngine:
         if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already in use")
         group = self.input_processor.make_group(request_id, ids, sampling_params, priority, arrival_time)
+        check_hidden_state_params(group.parent.sampling_params, self.model_config, supported=(
+            self.spec_decoder is None and isinstance(self.runner.model, LlamaForCausalLM)))
         spec = group.parent.sampling_params.structured_outputs
         compiled = self.guided.compile(spec) if spec is not None else None  # ValueError: nothing added
         try:
@@ -476,6 +481,7 @@ class LLMEngine:
             return None
         self.scheduler.abort(request_id)
         self.guided.release(request_id)
+        self.runner.captures.discard(request_id)
         return self.output_processor.finish_request(request_id, time.monotonic())
 
     def has_unfinished_requests(self) -> bool:
@@ -514,6 +520,10 @@ class LLMEngine:
             for output in outputs:
                 if output.finished:
                     self.guided.release(output.request_id)
+        if len(self.runner.captures):
+            for output in outputs:
+                if output.finished:
+                    attach_captures(output, self.runner.captures)
         return outputs
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[list[SampleResult]]:

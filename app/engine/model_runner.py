@@ -18,6 +18,7 @@ from app.engine.attention import AttentionMetadata, allocate_kv_cache
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
 from app.engine.cuda_graphs import DecodeGraphRunner
+from app.engine.hidden_states import CaptureStore, build_step_hooks
 from app.engine.kernels.attention import bf16_attention_supported
 from app.engine.kernels.matmul import bf16_matmul_supported
 from app.engine.models.base import PagedCausalLM
@@ -93,6 +94,7 @@ class ModelRunner:
         )
         # bfloat16 or int8 products run on OpenMP at every size: keep the C kernels on the same threads
         self.openmp_only = _products_use_openmp(model)
+        self.captures = CaptureStore()  # hidden states captured for requests that asked, until they finish
 
     # ---- inputs ----
     def prepare(self, out: SchedulerOutput) -> StepBatch:
@@ -110,8 +112,10 @@ class ModelRunner:
         sample_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
         total = 0
+        spans: list[tuple[int, int, int]] = []  # each sequence's first row, first position and rows
         for seq in seqs:
             n = num_sched[seq.seq_id]
+            spans.append((total, seq.num_computed_tokens, n))
             start = seq.num_computed_tokens
             end = start + n
             if n == 1:
@@ -162,6 +166,8 @@ class ModelRunner:
             block_size=bs,
             bf16_products=self.bf16_products,
         )
+        if any(s.sampling_params.capture is not None or s.sampling_params.interventions for s in seqs):
+            attn.hooks = build_step_hooks(seqs, spans, len(self.kv_caches), self.device)
         return StepBatch(ids_t, positions, attn, sample_index, sampling_seqs)
 
     # ---- forward ----
@@ -170,10 +176,13 @@ class ModelRunner:
         model = self.model
         if not model.kv_caches or model.kv_caches[0] is not self.kv_caches[0]:
             model.bind_kv_cache(self.kv_caches)  # another runner (engine) shares this model
-        if self.graphs is not None and self.graphs.fits(batch.attn):
+        hooks = batch.attn.hooks
+        if hooks is None and self.graphs is not None and self.graphs.fits(batch.attn):
             return self.graphs.run(batch.input_ids, batch.positions, batch.attn, batch.sample_index)
         with torch.inference_mode(), library.openmp_only(self.openmp_only):
             hidden = model(batch.input_ids, batch.positions, batch.attn)
+            if hooks is not None:
+                self.captures.add(hooks)
             if batch.sample_index is not None:
                 hidden = hidden.index_select(0, batch.sample_index)
             return model.compute_logits(hidden)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.engine.metrics import RequestMetrics
 
@@ -43,6 +44,9 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = field(default=None, repr=False)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # SamplingParams.capture, once finished: {layer: [positions, hidden] float32} at the token positions listed
+    hidden_states: dict[int, Any] | None = field(default=None, repr=False)
+    hidden_positions: list[int] | None = None
 
     @property
     def text(self) -> str:

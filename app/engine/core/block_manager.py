@@ -127,13 +127,13 @@ class BlockManager:
     def _update_hashes(self, seq: Sequence) -> None:
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_tokens // bs):
-            parent = seq.block_hashes[i - 1] if i else None
+            parent = seq.block_hashes[i - 1] if i else seq.cache_salt
             seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs]))
 
     def find_cached_blocks(self, seq: Sequence) -> list[int]:
         """Ids of cached blocks matching the longest prefix of ``seq``, leaving at least its last token
         to compute so that the step yields logits. Takes no references."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.reads_prefix_cache:
             return []
         self.expire()
         self._update_hashes(seq)

@@ -13,12 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from app.engine.core.hidden_states import CaptureParams, Intervention, parse_interventions
+
 __all__ = ["SamplingParams", "StructuredOutputsParams"]
 
 # Below this temperature a request is treated as greedy (argmax); dividing logits by ~0 would overflow.
 _GREEDY_EPS = 1e-5
 
 _STRUCTURED_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
 
 
 @dataclass
@@ -162,8 +165,15 @@ class SamplingParams:
     # Sample best_of candidates (sharing the prompt's KV blocks) and return the n with the highest
     # cumulative logprob; None: n. Needs random sampling; the output comes once every candidate finished.
     best_of: int | None = None
+    # Hidden states (app.engine.core.hidden_states): capture the residual stream after some layers (the output's
+    # hidden_states), and interventions on it (steering vectors, zeroed attention heads); this request only.
+    capture: CaptureParams | None = None
+    interventions: tuple[Intervention, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.capture is not None:
+            self.capture = CaptureParams.parse(self.capture)
+        self.interventions = parse_interventions(self.interventions)
         if isinstance(self.structured_outputs, Mapping):
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if self.top_k is None or self.top_k == 0:

@@ -11,6 +11,7 @@ import enum
 import itertools
 import time
 
+from app.engine.core.hidden_states import cache_salt
 from app.engine.core.sampling_params import SamplingParams
 
 BlockHash = bytes
@@ -81,6 +82,11 @@ class Sequence:
         # Chained hashes of this sequence's full blocks, filled lazily by the block manager. Valid for the
         # whole life of the sequence because tokens are only ever appended.
         self.block_hashes: list[BlockHash] = []
+        # hidden states: an intervened request's blocks hash apart from clean ones; a capture computes every
+        # position itself, so it reads no cached prefix (its own blocks are clean and cached for others)
+        params = self.sampling_params
+        self.cache_salt: bytes | None = cache_salt(params.interventions)
+        self.reads_prefix_cache = params.capture is None
 
     def spawn(self, index: int) -> Sequence:
         """A fresh sibling sample with the same prompt, options and arrival (for n > 1)."""

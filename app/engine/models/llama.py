@@ -63,6 +63,7 @@ class LlamaAttention(nn.Module):
         self.scale = config.head_dim**-0.5
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
+        self.layer_index = 0  # set by the model: which block this is (for per-request hooks)
 
     def forward(
         self,
@@ -84,7 +85,10 @@ class LlamaAttention(nn.Module):
         )
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
-        return self.o_proj.forward(paged_attention(q, k, v, kv_cache, attn, self.scale), keep_bf16)
+        out = paged_attention(q, k, v, kv_cache, attn, self.scale)
+        if attn.hooks is not None:  # a request zeroes some of this block's heads in its own rows
+            out = attn.hooks.attention_output(self.layer_index, out, self.num_heads, self.head_dim)
+        return self.o_proj.forward(out, keep_bf16)
 
 
 class LlamaMLP(nn.Module):
@@ -139,6 +143,8 @@ class LlamaForCausalLM(PagedCausalLM):
         super().__init__(config, dtype, device)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        for index, layer in enumerate(self.layers):
+            cast(LlamaDecoderLayer, layer).self_attn.layer_index = index
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Parameter | None = None
         if not config.tie_word_embeddings:
@@ -164,9 +170,15 @@ class LlamaForCausalLM(PagedCausalLM):
         if in_c is not None:
             return self.norm.add_forward(*in_c)[0]
         residual: torch.Tensor | None = None
-        for layer, cache in zip(self.layers, self.kv_caches, strict=True):
+        hooks = attn.hooks
+        for index, (layer, cache) in enumerate(zip(self.layers, self.kv_caches, strict=True)):
             x, residual = layer.forward(x, residual, cos, sin, cache, attn)
-        return self.norm.add_forward(x, residual)[0]
+            if hooks is not None:
+                hooks.after_block(index, x, residual)
+        hidden = self.norm.add_forward(x, residual)[0]
+        if hooks is not None:
+            hooks.after_norm(hidden)
+        return hidden
 
     def _decode_in_c(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
@@ -176,7 +188,7 @@ class LlamaForCausalLM(PagedCausalLM):
         without ~10 Python wrappers per layer. Returns the last layer's output and the residual; None where it
         does not apply."""
         dec = attn.decode_index
-        if dec is None or attn.prefills or attn.static_decode is not None:
+        if dec is None or attn.prefills or attn.static_decode is not None or attn.hooks is not None:
             return None
         if x.dtype != torch.float32 or x.device.type != "cpu" or not decode_layer_enabled():
             return None
