@@ -198,6 +198,28 @@ class EngineConfig:
 
 
 # ---- the engine ------------------------------------------------------------------------------------------
+def scheduler_config(config: EngineConfig, max_pos: int, num_blocks: int,
+                     spec: SpeculativeConfig | None) -> SchedulerConfig:
+    """The scheduler's limits: the context length the model and the KV cache allow, the step's token budget."""
+    max_model_len = min(config.max_model_len or max_pos, num_blocks * config.block_size)
+    max_batched = config.max_num_batched_tokens or (
+        2048 if config.enable_chunked_prefill else max(2048, max_model_len)
+    )
+    return SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=max_batched,
+        max_waiting=config.max_waiting,
+        policy=config.scheduling_policy,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        max_model_len=max_model_len,
+        num_lookahead_slots=spec.num_speculative_tokens if spec else 0,
+        lookahead_disable_batch_size=spec.disable_by_batch_size if spec else None,
+        batching_strategy=config.batching_strategy,
+        batching_bucket_size=config.batching_bucket_size,
+    )
+
+
 def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.device, dtype: torch.dtype) -> None:
     """Quantization "auto": a GGUF model with float32 weights on CPU keeps the file's Q4 blocks beside them, for
     the steps of few rows (:data:`AUTO_BLOCK_ROWS`), where memory allows; the load log says which it chose."""
@@ -318,7 +340,8 @@ class LLMEngine:
             eviction_policy=config.kv_cache_eviction_policy,
             prefix_cache_ttl_s=config.prefix_cache_ttl_s,
         )
-        self.scheduler = Scheduler(self._scheduler_config(num_blocks, spec), self.block_manager)
+        limits = scheduler_config(config, model_config.max_position_embeddings, num_blocks, spec)
+        self.scheduler = Scheduler(limits, self.block_manager)
         self.max_model_len = self.scheduler.max_model_len
         self.runner = ModelRunner(
             model,
@@ -378,27 +401,6 @@ class LLMEngine:
             head_dim=model_config.head_dim,
             dtype_bytes=torch.empty((), dtype=self.kv_cache_dtype).element_size(),
             block_size=config.block_size,
-        )
-
-    def _scheduler_config(self, num_blocks: int, spec: SpeculativeConfig | None) -> SchedulerConfig:
-        config = self.config
-        max_pos = self.model_config.max_position_embeddings
-        max_model_len = min(config.max_model_len or max_pos, num_blocks * config.block_size)
-        max_batched = config.max_num_batched_tokens or (
-            2048 if config.enable_chunked_prefill else max(2048, max_model_len)
-        )
-        return SchedulerConfig(
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=max_batched,
-            max_waiting=config.max_waiting,
-            policy=config.scheduling_policy,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-            max_model_len=max_model_len,
-            num_lookahead_slots=spec.num_speculative_tokens if spec else 0,
-            lookahead_disable_batch_size=spec.disable_by_batch_size if spec else None,
-            batching_strategy=config.batching_strategy,
-            batching_bucket_size=config.batching_bucket_size,
         )
 
     def _make_spec_decoder(self, spec: SpeculativeConfig, num_blocks: int) -> SpeculativeDecoder:
