@@ -14,6 +14,7 @@ from api.responses import JSONBytes
 from app.serving import OpenAIServing
 from app.serving.openai_serving import model_card
 from app.serving.schemas import (
+    ActivationsRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -77,6 +78,11 @@ async def completions(
         return _respond(await until_disconnect(request, serving.completion(body)))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
+
+
+@v1.post("/activations")
+async def activations(body: ActivationsRequest, serving: OpenAIServing = Depends(get_serving)) -> Response:
+    return JSONBytes(await serving.activations(body))
 
 
 @v1.post("/embeddings")

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+from app.engine.core.sampling_params import SamplingParams
+from app.serving.activations import prompt_activations
 from app.serving.backends.base import (
     Backend,
     BackendError,
@@ -50,6 +52,7 @@ from app.serving.responses import (
     usage_body,
 )
 from app.serving.schemas import (
+    ActivationsRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -126,6 +129,13 @@ async def _prime(stream: AsyncIterator[T]) -> AsyncIterator[T]:
 
 
 # ---------------------------------------------------------------------------------------------- requests
+def check_hidden_states_supported(backend: Backend, params: SamplingParams) -> None:
+    """A 400 for interventions on a backend that runs another engine."""
+    if params.interventions and not backend.supports_hidden_states:
+        raise bad_request(f"interventions need the native backend (our engine); this server runs the "
+                          f"{backend.name} backend", "interventions")
+
+
 def check_structure_supported(backend: Backend, structure: Structure | None) -> None:
     """A 400 naming the field when ``structure`` constrains the output and ``backend`` cannot."""
     if structure is not None and not backend.supports_structured_outputs:
@@ -147,6 +157,7 @@ def chat_generation_request(
     structure = combined_structure(plan, request_structure(req))
     check_structure_supported(backend, structure)
     params = chat_sampling_params(req, structure)
+    check_hidden_states_supported(backend, params)
     request = GenerationRequest(
         rid,
         params,
@@ -196,6 +207,11 @@ class OpenAIServing:
                                   f"{service.name}", "model")
             raise model_not_found(req.model, [service.name])
         return await service.embed(req)
+
+    async def activations(self, req: ActivationsRequest) -> dict[str, Any]:
+        """``/v1/activations``: the prompt's residual stream after the layers asked for."""
+        self.check_model(req.model)
+        return await prompt_activations(self.backend, self._open, req)
 
     # -------------------------------------------------------------------------------------- simple routes
     async def health(self) -> HealthStatus:
@@ -325,6 +341,7 @@ class OpenAIServing:
         structure = request_structure(req)
         check_structure_supported(self.backend, structure)
         params = completion_sampling_params(req, structure)
+        check_hidden_states_supported(self.backend, params)
         prompts = completion_prompts(req)
         rid = f"cmpl-{uuid.uuid4().hex}"
         upstream = upstream_structure_fields(req)

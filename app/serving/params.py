@@ -37,6 +37,8 @@ _FIELDS = (
     "stop",
     "seed",
     "n",
+    "interventions",
+    "capture",
 )
 _FIELD_RE = re.compile(r"\b(" + "|".join(_FIELDS) + r")\b")
 LOGIT_BIAS_LIMIT = 100.0
@@ -140,6 +142,8 @@ def _common(
             kwargs[name] = value
     if req.top_k is not None:
         kwargs["top_k"] = req.top_k
+    if req.interventions is not None:
+        kwargs["interventions"] = req.interventions
     renames: dict[str, str] = {}
     if structure is not None:
         kwargs["structured_outputs"] = structure.params

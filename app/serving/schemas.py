@@ -119,6 +119,8 @@ class _SamplingFields(_StructuredFields):
     min_tokens: int = Field(default=0, ge=0, le=_INT_MAX)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # the native engine's residual-stream interventions (steering vectors, zeroed heads), this request only
+    interventions: list[dict[str, Any]] | None = Field(default=None, max_length=64)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 
@@ -277,3 +279,16 @@ class EmbeddingRequest(_Request):
             if isinstance(item, str | list) and not item:
                 raise ValueError(f"input[{index}] is empty: every input needs at least one character or token")
         return value
+
+
+class ActivationsRequest(_Request):
+    """``/v1/activations``: the residual stream of a prompt after ``layers`` (Hugging Face's ``hidden_states[L +
+    1]``) at ``positions``."""
+
+    model: str | None = None
+    prompt: str | list[Annotated[int, Field(ge=0, le=_INT_MAX)]] | None = None
+    messages: list[ChatMessage] | None = None
+    layers: list[Annotated[int, Field(ge=0, le=_INT_MAX)]] = Field(min_length=1, max_length=1024)
+    positions: Literal["last", "all"] | list[Annotated[int, Field(ge=0, le=_INT_MAX)]] = "last"
+    encoding_format: Literal["float", "base64"] = "float"
+    add_generation_prompt: bool = True

@@ -173,6 +173,9 @@ class GenerationChunk:
     finished: bool = False
     usage: Usage | None = None
     queue_time: float | None = None  # seconds waiting before the first schedule, when the backend knows
+    # SamplingParams.capture, on the last chunk: {layer: [positions, hidden] float32 tensor} and the positions
+    hidden_states: dict[int, Any] | None = None
+    hidden_positions: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -284,6 +287,8 @@ class Backend(abc.ABC):
     name: ClassVar[str] = "backend"
     # Whether ``params.structured_outputs`` is honoured (constrained decoding, or forwarded upstream)
     supports_structured_outputs: ClassVar[bool] = False
+    # activations and interventions on the residual stream (our engine only)
+    supports_hidden_states: ClassVar[bool] = False
     # Whether tools are forwarded to an upstream server that reports ``tool_calls`` itself
     parses_tool_calls: ClassVar[bool] = False
 

@@ -47,12 +47,18 @@ def _param_of_refusal(request: GenerationRequest, message: str) -> str:
         return request.structured_param or "response_format"
     if request.params.best_of is not None and "best_of" in message:
         return "best_of"
+    for field in ("interventions", "capture"):  # the engine names the field it refuses
+        if message.startswith(field):
+            return field
+    if message.startswith("capture and interventions"):
+        return "interventions"
     return "messages" if request.is_chat else "prompt"
 
 
 class NativeBackend(LocalBackend):
     name = "native"
     supports_structured_outputs = True
+    supports_hidden_states = True
 
     def __init__(
         self,
@@ -230,6 +236,7 @@ class NativeBackend(LocalBackend):
                 if out.finished:
                     chunk.finished = True
                     chunk.usage = Usage(num_prompt, sum(len(o.token_ids) for o in out.outputs))
+                    chunk.hidden_states, chunk.hidden_positions = out.hidden_states, out.hidden_positions
                 yield chunk
         except EngineDeadError as exc:
             raise BackendUnavailableError(str(exc)) from None
