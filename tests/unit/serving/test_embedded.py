@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,23 +108,18 @@ async def test_concurrent_calls_are_batched_by_the_engine(tiny_model: str, engin
 
     try:
         await client.complete(req("warm up"))
-        started = time.perf_counter()
         one_by_one = [await client.complete(req(p)) for p in prompts]
-        sequential_s = time.perf_counter() - started
         async_engine = engine.async_engine
         steps_before = async_engine.num_steps
-        started = time.perf_counter()
         together = await asyncio.gather(*(client.complete(req(p)) for p in prompts))
-        concurrent_s = time.perf_counter() - started
         steps = async_engine.num_steps - steps_before
     finally:
         await client.aclose()
     # Greedy answers do not depend on what else is in the batch.
     assert [r.content for r in together] == [r.content for r in one_by_one]
     assert all(r.output_tokens == tokens for r in together)
-    # One step decodes every request: about `tokens` steps in all, not n * tokens.
+    # One step decodes every request: about `tokens` steps in all, not n * tokens (counted, not timed).
     assert steps <= tokens + n, steps
-    assert concurrent_s < 0.5 * sequential_s, (concurrent_s, sequential_s)
 
 
 async def test_one_engine_per_model_shared_by_every_alias(
