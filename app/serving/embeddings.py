@@ -120,7 +120,7 @@ class EmbeddingService:
             value = [value]
         if isinstance(value[0], str):
             return list(await asyncio.to_thread(model.tokenize, value))
-        vocab = int(getattr(model, "vocab_size", 0) or 0)
+        vocab = int(getattr(model, "vocab_size", 0) or getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
         for index, ids in enumerate(value):
             if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
                 raise bad_request("input must be a string, a list of strings, a list of token ids or a list of "

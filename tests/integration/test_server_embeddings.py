@@ -72,6 +72,7 @@ def test_the_openai_client_gets_sentence_transformers_vectors(served: ServerThre
     ({"model": NAME, "input": ""}, 400, "input"),
     ({"model": NAME, "input": "x", "dimensions": 100}, 400, "dimensions"),
     ({"model": NAME, "input": [list(range(1000, 1300))]}, 400, "input"),
+    ({"model": NAME, "input": [[101, 40000, 102]]}, 400, "input"),  # past the vocabulary (30522)
     ({"model": "tiny-llama", "input": "x"}, 400, "model"),
     ({"model": "nope", "input": "x"}, 404, "model"),
 ])
