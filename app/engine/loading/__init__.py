@@ -174,7 +174,10 @@ def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | Non
             continue
         count += 1
     if native and count:
-        _install_block_head(model, gguf, config, blocks)
+        # "auto" keeps the LM head in float: the head decides the token, and int8 activations on it turn SmolLM2's
+        # "The capital of France is Paris." into "L'Étoile, la Cité, ..." (the blocks' layers do not)
+        if beside_float_rows is None:
+            _install_block_head(model, gguf, config, blocks)
         model.block_rows = beside_float_rows
     if count == 0 and beside_float_rows is not None:
         return 0
