@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
+import pytest
 
 
 def cli() -> list[str]:
@@ -22,3 +26,19 @@ class Served:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float = 90) -> None:
+    """Until ``/health`` answers 200; fails the test with the server's log if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"inf-engine serve exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"inf-engine serve did not become healthy:\n{log.read_text()}")
+        time.sleep(0.2)

@@ -10,15 +10,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 
-import httpx
 import openai
 import pytest
 
 from app.pipeline import LLMInference, ResourceConfig, run
-from tests.support.cli_process import Served, cli
+from tests.support.cli_process import Served, cli, wait_healthy
 from tests.support.cluster import free_port
 from tests.support.server_helpers import build_tiny_llama
 
@@ -39,18 +37,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         proc = subprocess.Popen([*cli(), *args], cwd=root, env=env, stdout=sink, stderr=subprocess.STDOUT)
     served = Served(proc, port, log)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"inf-engine serve exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"inf-engine serve did not become healthy:\n{log.read_text()}")
-            time.sleep(0.2)
+        wait_healthy(proc, port, log)
         yield served
     finally:
         if proc.poll() is None:

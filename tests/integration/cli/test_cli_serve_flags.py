@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.cli_process import Served, cli
+from tests.support.cli_process import Served, cli, wait_healthy
 from tests.support.cluster import free_port
 from tests.support.server_helpers import build_tiny_llama
 
@@ -29,20 +29,6 @@ def start(root: Path, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
     with log.open("wb") as sink:
         proc = subprocess.Popen([*cli(), "serve", *args], cwd=root, env=env, stdout=sink, stderr=subprocess.STDOUT)
     return proc, log
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"inf-engine serve exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
