@@ -274,6 +274,11 @@ class Settings(BaseSettings):
         description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU), or bfloat16 for "
         "bfloat16 weights on a CPU with AVX512-BF16, whose attention reads bfloat16 values",
     )
+    framework: Literal["torch", "jax", "tinygrad"] = Field(
+        default="torch",
+        description="Native engine: the model runner's framework on the shared engine core: torch (the engine's "
+        "own), jax or tinygrad (float32 on CPU; pip install 'inf-engine[jax]' or 'inf-engine[tinygrad]')",
+    )
     enforce_eager: bool = Field(
         default=False,
         description="Native engine on CUDA: run every decode step eagerly instead of replaying CUDA graphs",

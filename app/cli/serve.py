@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from app.cli.console import fail
-from app.cli.requirements import IN_PROCESS_BACKENDS, require_engine
+from app.cli.requirements import IN_PROCESS_BACKENDS, require_engine, require_framework
 
 _ENGINE = "Engine (vLLM's names and meanings)"
 
@@ -28,7 +28,7 @@ FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens", "block_size": "--block-size",
     "enable_prefix_caching": "--enable-prefix-caching", "served_model_name": "--served-model-name",
     "chat_template": "--chat-template", "seed": "--seed", "enforce_eager": "--enforce-eager",
-    "embedding_model": "--embedding-model",
+    "embedding_model": "--embedding-model", "framework": "--framework",
 }
 
 
@@ -72,6 +72,9 @@ def serve_command(
     enforce_eager: Annotated[bool | None, typer.Option(
         "--enforce-eager/--no-enforce-eager", help="CUDA: never replay decode steps from CUDA graphs",
         rich_help_panel=_ENGINE)] = None,
+    framework: Annotated[str | None, typer.Option(
+        help="The native engine's model runner: torch, jax or tinygrad (the last two need their extra)",
+        rich_help_panel=_ENGINE)] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, ...) with uvicorn.
 
@@ -85,7 +88,7 @@ def serve_command(
         "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
         "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
         "chat_template": chat_template, "seed": seed, "enforce_eager": enforce_eager,
-        "embedding_model": embedding_model,
+        "embedding_model": embedding_model, "framework": framework,
     }
     settings = serve_settings({k: v for k, v in given.items() if v is not None})
     if settings.backend in IN_PROCESS_BACKENDS:
@@ -134,6 +137,8 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
             f"{where} runs a GGUF file's own 4-bit blocks, and {chosen} is a folder: give a .gguf model (or none, "
             "for the default one), or leave quantization unset"
         )
+    if settings.framework != "torch" and settings.backend == "native":
+        require_framework(settings.framework, "serve")
     if settings.embedding_model is not None:
         _check_embedding_model(settings.embedding_model)
     if settings.chat_template is not None and settings.backend != "vllm":

@@ -36,6 +36,7 @@ from app.engine.core.eviction import EvictionPolicyName, check_eviction_policy, 
 from app.engine.core.sampling_params import SamplingParams
 from app.engine.core.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
+from app.engine.frameworks import FrameworkRunner, build_runner, check_framework
 from app.engine.guided.matcher import GuidedDecoding
 from app.engine.hidden_states import attach as attach_captures
 from app.engine.hidden_states import check_hidden_state_params
@@ -82,6 +83,9 @@ class EngineConfig:
     """Everything that shapes an engine; ``LLMEngine(**kwargs)`` takes the same names."""
 
     model: str | Path | None = None  # None: the default SmolLM2-135M-Instruct
+    # The model runner's framework (app.engine.frameworks): "torch" (the engine's own), "jax" or "tinygrad"
+    # (float32 on CPU, weights taken from the loaded PyTorch model; pip install 'inf-engine[jax]' or [tinygrad])
+    framework: str = "torch"
     # "auto": the checkpoint's precision where this device runs it natively: bfloat16 on CUDA and, for a 16-bit
     # or quantized checkpoint (GGUF), on a CPU with AVX512-BF16; float32 otherwise. bfloat16 on CPU means
     # bfloat16 weights and products, float32 activations (see app.engine.models.base.compute_dtype_for).
@@ -151,16 +155,36 @@ class EngineConfig:
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         check_quantization(self.quantization)
+        check_framework(self.framework)
+        if self.framework != "torch":
+            self._check_framework_options()
         if self.kv_cache_dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(
                 f"kv_cache_dtype must be 'auto', 'float32' or 'bfloat16', got {self.kv_cache_dtype!r}"
             )
+
+    def _check_framework_options(self) -> None:
+        """The jax and tinygrad runners compute in float32 on CPU, with one sampling pass per step."""
+        name = self.framework
+        if self.dtype not in ("auto", "float32", torch.float32):
+            raise ValueError(f"framework {name!r} runs in float32: give dtype 'auto' or 'float32', not {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "float32"):
+            raise ValueError(f"framework {name!r} keeps a float32 KV cache: give kv_cache_dtype 'auto' or 'float32'")
+        if self.quantization not in (None, "none"):
+            raise ValueError(f"framework {name!r} runs float32 weights: quantization {self.quantization!r} is "
+                             "for the torch framework")
+        if self.device not in ("auto", "cpu") and str(self.device) != "cpu":
+            raise ValueError(f"framework {name!r} runs on the CPU here: give device 'auto' or 'cpu'")
+        if self.speculative_config is not None:
+            raise ValueError(f"speculative decoding runs on the torch framework only, not {name!r}")
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
         return frozenset(f.name for f in fields(cls))
 
     def resolve_device(self) -> torch.device:
+        if self.framework != "torch":
+            return torch.device("cpu")
         if isinstance(self.device, torch.device):
             return self.device
         if self.device == "auto":
@@ -174,6 +198,8 @@ class EngineConfig:
         """The weights' dtype; ``checkpoint`` is the precision the checkpoint was saved in (None: unknown)."""
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
+        if self.framework != "torch":
+            return torch.float32
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         if device.type == "cuda":
@@ -282,7 +308,7 @@ class LLMEngine:
         )
         if config.quantization in QUANTIZATIONS:
             apply_quantization(loaded, config.quantization, config.model)
-        elif config.quantization is None:
+        elif config.quantization is None and config.framework == "torch":
             _auto_blocks(loaded, config.model, device, dtype)
         self._setup(config, loaded, tokenizer, model_config, device, dtype)
 
@@ -343,16 +369,31 @@ class LLMEngine:
         limits = scheduler_config(config, model_config.max_position_embeddings, num_blocks, spec)
         self.scheduler = Scheduler(limits, self.block_manager)
         self.max_model_len = self.scheduler.max_model_len
-        self.runner = ModelRunner(
-            model,
-            num_blocks=num_blocks,
-            block_size=config.block_size,
-            dtype=self.kv_cache_dtype,
-            device=device,
-            cuda_graphs=not config.enforce_eager,
-            max_graph_batch=config.max_num_seqs,
-            max_model_len=self.max_model_len,
-        )
+        self.framework = config.framework
+        self._model = model
+        self.runner: ModelRunner | FrameworkRunner
+        if config.framework == "torch":
+            self.runner = ModelRunner(
+                model,
+                num_blocks=num_blocks,
+                block_size=config.block_size,
+                dtype=self.kv_cache_dtype,
+                device=device,
+                cuda_graphs=not config.enforce_eager,
+                max_graph_batch=config.max_num_seqs,
+                max_model_len=self.max_model_len,
+            )
+        else:
+            self.runner = build_runner(
+                config.framework,
+                model,
+                model_config,
+                num_blocks=num_blocks,
+                block_size=config.block_size,
+                max_model_len=self.max_model_len,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=self.scheduler.config.max_num_batched_tokens,
+            )
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
         self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids, max_model_len=self.max_model_len)
         self.spec_decoder = self._make_spec_decoder(spec, num_blocks) if spec else None
@@ -370,11 +411,12 @@ class LLMEngine:
             if self.spec_decoder is not None and self.spec_decoder.draft is not None:
                 self.spec_decoder.draft.runner.warmup()
         log.info(
-            "engine ready: %s on %s/%s, %d KV blocks of %d tokens (%.0f MiB), max_model_len %d, max_num_seqs %d, "
+            "engine ready: %s on %s/%s (%s), %d KV blocks of %d tokens (%.0f MiB), max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d, prefix caching %s",
             self.model_name,
             device,
             str(dtype).removeprefix("torch."),
+            config.framework,
             num_blocks,
             config.block_size,
             budget / (1 << 20),
@@ -418,6 +460,7 @@ class LLMEngine:
                 cache_dir=self.config.model_cache_dir,
             )
         log.info("speculative decoding: %s", spec.describe())
+        assert isinstance(self.runner, ModelRunner)  # EngineConfig allows speculation on the torch framework only
         return SpeculativeDecoder(
             spec, self.runner, self.sampler, vocab_size=self.vocab_size, draft=draft, seed=self.config.seed
         )
@@ -432,7 +475,7 @@ class LLMEngine:
     # ---- requests ----
     @property
     def model(self) -> PagedCausalLM:
-        return self.runner.model
+        return self._model
 
     def add_request(
         self,
@@ -465,7 +508,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         group = self.input_processor.make_group(request_id, ids, sampling_params, priority, arrival_time)
         check_hidden_state_params(group.parent.sampling_params, self.model_config, supported=(
-            self.spec_decoder is None and isinstance(self.runner.model, LlamaForCausalLM)))
+            self.spec_decoder is None and self.framework == "torch" and isinstance(self._model, LlamaForCausalLM)))
         spec = group.parent.sampling_params.structured_outputs
         compiled = self.guided.compile(spec) if spec is not None else None  # ValueError: nothing added
         try:

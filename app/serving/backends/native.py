@@ -106,6 +106,7 @@ class NativeBackend(LocalBackend):
                 "kv_cache_dtype": settings.kv_cache_dtype,
                 "quantization": settings.quantization,
                 "enforce_eager": settings.enforce_eager,
+                "framework": settings.framework,
                 "max_model_len": settings.max_model_len,
                 "max_num_seqs": settings.max_num_seqs,
                 "max_num_batched_tokens": settings.max_num_batched_tokens,
