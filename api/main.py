@@ -58,7 +58,10 @@ def create_app(
     metrics.registry.register(platform_collector(settings, jobs))  # inf_engine_* (jobs, queues, workers)
     embeddings = (EmbeddingService(settings.embedding_model, num_threads=settings.num_threads)
                   if settings.embedding_model else None)
-    serving = OpenAIServing(backend, metrics, embeddings)
+    if settings.pooler_config is not None and not backend.supports_hidden_states:
+        raise ValueError(f"pooler_config pools our engine's hidden states: it needs the native backend, not "
+                         f"{backend.name}")
+    serving = OpenAIServing(backend, metrics, embeddings, settings.pooler_config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -11,6 +11,7 @@ empty ones dropped. A bad setting is reported by :func:`settings_error_message` 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -188,6 +189,33 @@ def _settings_sources(
     return tuple(sources)
 
 
+POOLING_TYPES = ("LAST", "MEAN")
+
+
+def check_pooler_config(value: Any) -> dict[str, Any] | None:
+    """vLLM's ``--pooler-config``: a JSON object (or its text) with ``pooling_type`` LAST or MEAN (any case) and
+    ``normalize`` (default true); returned with the pooling type upper-cased and both keys present."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError('must be a JSON object such as {"pooling_type": "MEAN", "normalize": true}') from None
+    if not isinstance(value, Mapping):
+        raise ValueError('must be a JSON object such as {"pooling_type": "MEAN", "normalize": true}')
+    unknown = set(value) - {"pooling_type", "normalize"}
+    if unknown:
+        raise ValueError(f"has unknown keys {sorted(unknown)}: give pooling_type and normalize")
+    pooling = value.get("pooling_type", "LAST")
+    if not isinstance(pooling, str) or pooling.upper() not in POOLING_TYPES:
+        raise ValueError(f"pooling_type must be LAST or MEAN, got {pooling!r}")
+    normalize = value.get("normalize", True)
+    if not isinstance(normalize, bool):
+        raise ValueError(f"normalize must be true or false, got {normalize!r}")
+    return {"pooling_type": pooling.upper(), "normalize": normalize}
+
+
 class Settings(BaseSettings):
     """Process-wide configuration; validated at start so a bad value fails fast with its name."""
 
@@ -323,6 +351,14 @@ class Settings(BaseSettings):
             '{"method": "ngram", "num_speculative_tokens": 4} or '
             '{"method": "draft_model", "model": "/path/to/draft", "num_speculative_tokens": 4}; unset = off '
             "(checked when the engine starts)"
+        ),
+    )
+    pooler_config: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Native engine: the chat model also answers /v1/embeddings, pooling its final hidden states (after "
+            'the final norm), vLLM\'s keys as a JSON object: {"pooling_type": "LAST" or "MEAN", "normalize": true}; '
+            "unset = the chat model does not pool"
         ),
     )
     cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS; empty = none")
@@ -556,6 +592,11 @@ class Settings(BaseSettings):
     @classmethod
     def _token_counts(cls, value: Any) -> Any:
         return token_count(value)
+
+    @field_validator("pooler_config", mode="before")
+    @classmethod
+    def _pooler(cls, value: Any) -> Any:
+        return check_pooler_config(value)
 
     @field_validator("tenant_weights")
     @classmethod

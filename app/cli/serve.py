@@ -29,6 +29,7 @@ FLAGS = {
     "enable_prefix_caching": "--enable-prefix-caching", "served_model_name": "--served-model-name",
     "chat_template": "--chat-template", "seed": "--seed", "enforce_eager": "--enforce-eager",
     "embedding_model": "--embedding-model", "framework": "--framework",
+    "pooler_config": "--pooler-config",
 }
 
 
@@ -75,6 +76,9 @@ def serve_command(
     framework: Annotated[str | None, typer.Option(
         help="The native engine's model runner: torch, jax or tinygrad (the last two need their extra)",
         rich_help_panel=_ENGINE)] = None,
+    pooler_config: Annotated[str | None, typer.Option(
+        help='The chat model also serves /v1/embeddings: {"pooling_type": "LAST" or "MEAN", "normalize": true}',
+        rich_help_panel=_ENGINE)] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, ...) with uvicorn.
 
@@ -89,6 +93,7 @@ def serve_command(
         "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
         "chat_template": chat_template, "seed": seed, "enforce_eager": enforce_eager,
         "embedding_model": embedding_model, "framework": framework,
+        "pooler_config": pooler_config,
     }
     settings = serve_settings({k: v for k, v in given.items() if v is not None})
     if settings.backend in IN_PROCESS_BACKENDS:
@@ -137,6 +142,9 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
             f"{where} runs a GGUF file's own 4-bit blocks, and {chosen} is a folder: give a .gguf model (or none, "
             "for the default one), or leave quantization unset"
         )
+    if settings.pooler_config is not None and settings.backend != "native":
+        raise fail(f"--pooler-config pools our engine's hidden states: it needs the native backend, not "
+                   f"{settings.backend}")
     if settings.framework != "torch" and settings.backend == "native":
         require_framework(settings.framework, "serve")
     if settings.embedding_model is not None:

@@ -24,7 +24,7 @@ from app.serving.schemas import EmbeddingRequest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EmbeddingService"]
+__all__ = ["EmbeddingService", "encode_embedding"]
 
 
 @dataclass
@@ -91,7 +91,7 @@ class EmbeddingService:
             vectors = vectors[:, :dimensions]
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         tokens = sum(len(ids) for ids in inputs)
-        data = [{"object": "embedding", "index": i, "embedding": _encode(row, req.encoding_format)}
+        data = [{"object": "embedding", "index": i, "embedding": encode_embedding(row, req.encoding_format)}
                 for i, row in enumerate(vectors)]
         return {"object": "list", "data": data, "model": self.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -164,7 +164,7 @@ class EmbeddingService:
         return np.ascontiguousarray(self.model.embed(inputs).float().numpy(), dtype=np.float32)
 
 
-def _encode(row: np.ndarray, encoding_format: str) -> list[float] | str:
+def encode_embedding(row: np.ndarray, encoding_format: str) -> list[float] | str:
     if encoding_format == "base64":  # little-endian float32, as OpenAI's client decodes it
         return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
     return [float(x) for x in row]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ from app.serving.params import (
     completion_sampling_params,
     reject_unsupported,
 )
+from app.serving.pooling import DecoderPooling
 from app.serving.responses import (
     DONE,
     Choice,
@@ -177,10 +178,13 @@ class OpenAIServing:
     """Everything behind the OpenAI routes, for one backend."""
 
     def __init__(self, backend: Backend, metrics: ServingMetrics | None = None,
-                 embeddings: EmbeddingService | None = None) -> None:
+                 embeddings: EmbeddingService | None = None, pooler_config: Mapping[str, Any] | None = None) -> None:
         self.backend = backend
         self.metrics = metrics or ServingMetrics(backend.served_model_name, backend.stats)
         self.embeddings = embeddings  # the embedding model beside the chat model (/v1/embeddings), if any
+        # the chat model's own embeddings (vLLM's --pooler-config), if it pools
+        self.pooling = None if pooler_config is None else DecoderPooling(
+            backend, self._open, pooling_type=pooler_config["pooling_type"], normalize=pooler_config["normalize"])
 
     @property
     def model_names(self) -> list[str]:
@@ -197,6 +201,9 @@ class OpenAIServing:
     async def embed(self, req: EmbeddingRequest) -> dict[str, Any]:
         """``/v1/embeddings``: the embedding model's vectors (a 400 for a model that does not pool)."""
         service = self.embeddings
+        chat_model = req.model is None or req.model in self.model_names
+        if self.pooling is not None and (service is None or (req.model is not None and chat_model)):
+            return await self.pooling.embed(req)
         if service is None:
             raise bad_request(f"model {req.model or self.backend.served_model_name} does not pool: this server "
                               "serves no embedding model (start it with --embedding-model all-MiniLM-L6-v2, or "

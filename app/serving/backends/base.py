@@ -295,6 +295,9 @@ class Backend(abc.ABC):
     def __init__(self, *, served_model_name: str, max_model_len: int | None = None) -> None:
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
+        # an in-process engine's blocks and width, once started (what /v1/embeddings' pooling captures)
+        self.num_hidden_layers: int | None = None
+        self.hidden_size: int | None = None
         self.created = int(time.time())
 
     # -- lifecycle

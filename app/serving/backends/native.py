@@ -140,6 +140,8 @@ class NativeBackend(LocalBackend):
         self.codec = core.tokenizer
         self.vocab_size = int(core.vocab_size)
         self.max_model_len = int(core.max_model_len)
+        self.num_hidden_layers = int(core.model_config.num_layers)  # what /v1/embeddings' pooling captures
+        self.hidden_size = int(core.model_config.hidden_size)
         self.scheduling_policy = core.config.scheduling_policy
         self._started = True
 

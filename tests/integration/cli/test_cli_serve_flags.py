@@ -98,6 +98,11 @@ def test_a_context_longer_than_the_model_stops_the_server_in_one_line(tmp_path: 
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype: Input should be 'auto', 'float32' or 'bfloat16' (got 'fp8')"),
     (["--chat-template", "no-such.jinja"], "--chat-template: chat template 'no-such.jinja' is neither a file nor"),
     (["--chat-template", "{% for %}"], "--chat-template: chat template '{% for %}' does not parse"),
+    (["--pooler-config", '{"pooling_type": "CLS"}'], "--pooler-config: pooling_type must be LAST or MEAN"),
+    (["--pooler-config", "mean"], "--pooler-config: must be a JSON object"),
+    (["--framework", "mxnet"], "--framework: Input should be 'torch', 'jax' or 'tinygrad' (got 'mxnet')"),
+    (["--backend", "openai", "--pooler-config", '{"pooling_type": "MEAN"}'],
+     "--pooler-config pools our engine's hidden states: it needs the native backend, not openai"),
 ])
 def test_an_unknown_value_is_one_line_and_exit_2(tmp_path: Path, flags: list[str], line: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INF_ENGINE_")}
