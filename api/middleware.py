@@ -7,6 +7,8 @@ disconnect still reaches the route as a cancellation.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
 import uuid
@@ -122,10 +124,36 @@ def _declared_length(scope: Scope) -> int | None:
     return None
 
 
+#: an early answer (a 413, a 401) first reads what is left of the body, up to these bounds, as nginx's lingering
+#: close does: a client that sends its whole body before reading (Python's urllib) would otherwise see its
+#: connection reset instead of the answer. Past them the connection closes as before.
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
+DRAIN_MAX_SECONDS = 10.0
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop the rest of a request body, within :data:`DRAIN_MAX_BYTES` and :data:`DRAIN_MAX_SECONDS`."""
+    drained = 0
+
+    async def read() -> None:
+        nonlocal drained
+        while drained <= DRAIN_MAX_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(read(), DRAIN_MAX_SECONDS)
+
+
 class RequestGuardMiddleware:
     """Refuses, in one place, the requests no route should see: a body larger than ``max_bytes`` (413, from
     Content-Length before anything is read, or counted while a chunked body streams) and a NUL in the URL (400).
-    Both answer with the OpenAI error body."""
+    Both answer with the OpenAI error body. Any error answer sent before the body was read (these, a 401) first
+    drains the body (bounded, see :data:`DRAIN_MAX_BYTES`), so that every client can read it."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -135,6 +163,23 @@ class RequestGuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        body_done = False
+
+        async def tracked_receive() -> Message:
+            nonlocal body_done
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def lingering_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and int(message["status"]) >= 400 and not body_done:
+                await _drain(tracked_receive)
+            await send(message)
+
+        await self._guard(scope, tracked_receive, lingering_send)
+
+    async def _guard(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = _nul_in_url(scope)
         if refusal is not None:
             await refusal(scope, receive, send)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -271,6 +273,32 @@ def test_tokenize_has_a_smaller_limit_than_the_server(tmp_path: Path) -> None:
         refused(http, http.post("/tokenize", content=body, headers=JSON), 413, "payload_too_large", keep_alive=False)
         refused(http, http.post("/detokenize", content=body, headers=JSON), 413, "payload_too_large",
                 keep_alive=False)
+
+
+def _urllib_post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """POST with Python's urllib, which sends the whole body before it reads anything."""
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return int(reply.status), json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
+
+
+def test_early_answers_are_readable_by_a_client_that_sends_everything_first(tmp_path: Path) -> None:
+    """An 8 MB body to /tokenize (413 from Content-Length) and a 1 MB body with a wrong key (401): urllib reads
+    the answer instead of a connection reset, because the server drains the body first (bounded)."""
+    app = create_app(Settings(data_dir=tmp_path, api_keys=[KEY]), backend=FakeBackend())
+    with ServerThread(app) as server:
+        big = json.dumps({"prompt": "x" * (8 << 20)}).encode()
+        status, body = _urllib_post(f"{server.root}/tokenize", big, {**JSON, **AUTH})
+        assert status == 413 and body["error"]["code"] == "payload_too_large"
+        wrong = {**JSON, "Authorization": "Bearer sk-wrong"}
+        message = json.dumps({"messages": [{"role": "user", "content": "x" * (1 << 20)}]}).encode()
+        status, body = _urllib_post(f"{server.root}/v1/chat/completions", message, wrong)
+        assert status == 401 and body["error"]["message"]
+        status, body = _urllib_post(f"{server.root}/v1/jobs", b" " * (3 << 20), wrong)
+        assert status == 401 and body["error"]["message"]
 
 
 # -- /tokenize off the event loop ---------------------------------------------------------------------------------
