@@ -7,6 +7,7 @@ Transformers ``generate``) on the same workloads, side by side.
     .venv/bin/python scripts/bench_engine.py --ours float32,bfloat16,bfloat16+int8,q8_0 --workloads c
     .venv/bin/python scripts/bench_engine.py --workloads c --engines native,native-ngram,transformers
     .venv/bin/python scripts/bench_engine.py --workloads a,c --repeats 1      # quick look
+    .venv/bin/python scripts/bench_engine.py --workloads a,c --engines native,native-jax,native-tinygrad,transformers
 
 The peers' environments: ``bash scripts/setup_vllm.sh`` (.venv-vllm) and ``bash scripts/setup_llamacpp.sh``
 (.venv-llamacpp, llama.cpp compiled here).
@@ -75,7 +76,9 @@ from workloads import (  # noqa: E402
 )
 
 MiB = 1024 * 1024
-WORKER_ENGINES = ("native", "native-ngram", "transformers")
+WORKER_ENGINES = ("native", "native-ngram", "native-jax", "native-tinygrad", "transformers")
+#: our engine on another framework's model runner (app.engine.frameworks): float32, its own column
+FRAMEWORK_WORKERS = {"native-jax": "jax", "native-tinygrad": "tinygrad"}
 
 
 # ---- measurement helpers (child side) -------------------------------------------------------------------
@@ -151,7 +154,7 @@ def run_workloads(
         # shares the cores (then "seconds" is inflated and the row is not a clean measurement).
         row["cpu_s"] = round(rss.cpu_seconds() - cpu0, 2)
         row["loadavg_1m"] = round(os.getloadavg()[0], 2)
-        row["settings"] = settings
+        row["settings"] = {k: v() if callable(v) else v for k, v in settings.items()}  # live counts read now
         return row
 
     run(warmup_requests(seed))
@@ -206,6 +209,10 @@ def worker_native(args: argparse.Namespace, names: list[str]) -> None:
     if args.worker == "native-ngram":  # our engine with prompt-lookup speculation: its own column
         label = f"{OURS}+ngram {config.name}"
         options["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram_tokens}
+    framework = FRAMEWORK_WORKERS.get(args.worker or "")
+    if framework is not None:  # the same engine core on the jax or tinygrad runner (float32 only)
+        label = f"{OURS}[{framework}] float32"
+        options.update(framework=framework, dtype="float32", quantization="none", kv_cache_dtype="auto")
     t0 = time.perf_counter()
     try:
         engine = LLMEngine(**options)
@@ -235,6 +242,8 @@ def worker_native(args: argparse.Namespace, names: list[str]) -> None:
     # what the engine resolved (``auto`` included), read defensively: the engine's attributes change under us
     for key, attr in (("weights_dtype", "dtype"), ("kv_cache_dtype", "kv_cache_dtype")):
         settings[key] = str(getattr(engine, attr, "?")).removeprefix("torch.")
+    if framework is not None:  # how many step functions the runner compiled by the end (bucketed shapes)
+        settings["compilations"] = lambda: getattr(engine.runner, "num_compilations", None)
     run_workloads(label, "native", names, args.seed, run, settings, args.interactive)
 
 
@@ -292,6 +301,9 @@ def our_commands(args: argparse.Namespace, names: list[str]) -> list[tuple[str, 
         elif engine == "native-ngram":
             name = configs[0].name
             out.append((f"ours+ngram {name}", f"{OURS}+ngram {name}", [*me, "--config", name]))
+        elif engine in FRAMEWORK_WORKERS:
+            framework = FRAMEWORK_WORKERS[engine]
+            out.append((f"ours[{framework}]", f"{OURS}[{framework}] float32", [*me, "--config", "float32"]))
         else:
             out.append(("transformers", "transformers float32", me))
     return out
@@ -405,7 +417,8 @@ def parse_args() -> argparse.Namespace:
         "--engines",
         default="native",
         help="comma-separated: native (ours, one column per --ours), native-ngram (ours with n-gram "
-        "speculation, first --ours config), transformers",
+        "speculation, first --ours config), native-jax and native-tinygrad (our engine on the JAX or TinyGrad "
+        "model runner, float32; their extras), transformers",
     )
     p.add_argument(
         "--ours", default="float32,bfloat16", help="our configurations dtype[+quantization], comma-separated"
