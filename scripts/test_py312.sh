@@ -4,8 +4,15 @@
 # skipped in one line where no python3.12 is installed. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY312=$(command -v python3.12 || ls "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3.12 2>/dev/null | tail -n 1 || true)
-if [ -z "$PY312" ] || [ ! -x "$PY312" ]; then
+PY312=""
+# a pyenv shim answers `command -v` without a 3.12 selected: take the first candidate that runs
+for candidate in "$(command -v python3.12 || true)" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3.12; do
+  if [ -n "$candidate" ] && [ -x "$candidate" ] && "$candidate" -c "import sys" >/dev/null 2>&1; then
+    PY312=$candidate
+    break
+  fi
+done
+if [ -z "$PY312" ]; then
   echo "python3.12 not found: the Python 3.12 unit tests are skipped"
   exit 0
 fi
