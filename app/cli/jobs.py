@@ -1,90 +1,30 @@
-"""``inf-engine submit``, ``inf-engine jobs`` and ``inf-engine results``: the job commands, which talk to a
-running server over HTTP (``Settings.api_url`` and ``Settings.api_key``; ``--url``/``--api-key`` override)."""
+"""``inf-engine submit``, ``inf-engine jobs`` (list, get, cancel, trace) and ``inf-engine results``: the job
+commands, which talk to a running server through :class:`app.client.Client` (``Settings.api_url`` and
+``Settings.api_key``; ``--url``/``--api-key`` override)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.cli.console import EXIT_BAD_INPUT, EXIT_FAILED, CommandError, err, fail
+from app.cli.console import err, fail
+from app.cli.remote import JsonOption, KeyOption, UrlOption, connect, inherited, print_json, when
+from app.client import Client
+from app.client.types import Job
 
-UrlOption = Annotated[str | None, typer.Option("--url", help="Server URL (default: settings.api_url)")]
-KeyOption = Annotated[str | None, typer.Option("--api-key", help="Bearer key (default: settings.api_key)")]
+JobArgument = Annotated[str, typer.Argument(metavar="JOB", help="The job id (from submit or jobs)")]
+StatusOption = Annotated[str | None, typer.Option(help="Only these statuses, e.g. running or queued,running")]
+LimitOption = Annotated[int, typer.Option(min=1, max=100, help="How many (newest first)")]
 
-
-class JobsClient:
-    """The few HTTP calls the commands make, with errors turned into one readable line."""
-
-    def __init__(self, url: str | None = None, api_key: str | None = None, timeout: float = 60.0) -> None:
-        from app.settings import get_settings
-
-        settings = get_settings()
-        self.url = (url or settings.api_url or f"http://{settings.serve_host}:{settings.serve_port}").rstrip("/")
-        key = api_key or settings.api_key or (settings.api_keys[0] if settings.api_keys else None)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, read=None))
-
-    def close(self) -> None:
-        self.http.close()
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from None
-        self._check(response)
-        return response.json()
-
-    @contextmanager
-    def stream_lines(self, path: str, params: dict[str, Any]) -> Iterator[Iterator[str]]:
-        try:
-            with self.http.stream("GET", path, params=params) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._check(response)
-                yield (line for line in response.iter_lines() if line.strip())
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from None
-
-    def _unreachable(self, exc: Exception) -> CommandError:
-        return CommandError(
-            f"cannot reach the inf-engine server at {self.url} ({type(exc).__name__}): start it with "
-            "`inf-engine serve`, or point INF_ENGINE_API_URL (or --url) at it", code=1,
-        )
-
-    @staticmethod
-    def _check(response: httpx.Response) -> None:
-        if response.status_code < 400:
-            return
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:500] or response.reason_phrase
-        hint = " (set INF_ENGINE_API_KEY or --api-key)" if response.status_code == 401 else ""
-        code = EXIT_BAD_INPUT if response.status_code < 500 else EXIT_FAILED
-        raise CommandError(f"HTTP {response.status_code}: {message}{hint}", code=code)
-
-
-@contextmanager
-def _client(url: str | None, api_key: str | None) -> Iterator[JobsClient]:
-    client = JobsClient(url, api_key)
-    try:
-        yield client
-    except CommandError as exc:
-        raise fail(str(exc), exc.code) from None
-    finally:
-        client.close()
+jobs_app = typer.Typer(add_completion=False, help="Your jobs on the server: list them (the default), or get, "
+                       "cancel or trace one. Submit with `inf-engine submit`, read results with `inf-engine results`.")
 
 
 def submit_command(
@@ -105,53 +45,110 @@ def submit_command(
         text = input.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise fail(f"input file {input} is not UTF-8 text") from None
-    body: dict[str, Any] = {"pipeline": pipeline, "inputs": text, "priority": priority}
-    if idempotency_key:
-        body["idempotency_key"] = idempotency_key
-    with _client(url, api_key) as client:
-        job = client.request("POST", "/v1/jobs", json=body)
+    with connect(url, api_key) as client:
+        job = client.jobs.submit(pipeline, text, priority=priority, idempotency_key=idempotency_key)
         if not follow:
-            typer.echo(job["id"])
-            err.print(f"submitted {job['id']}: {job['counts']['total']} items of {pipeline}", highlight=False, soft_wrap=True)
+            typer.echo(job.id)
+            err.print(f"submitted {job.id}: {job.counts.total} items of {pipeline}", highlight=False, soft_wrap=True)
             return
-        err.print(f"submitted {job['id']}", highlight=False, soft_wrap=True)
+        err.print(f"submitted {job.id}", highlight=False, soft_wrap=True)
         failed = _stream_results(client, job, sys.stdout, cursor=0, follow=True)
     if failed:
         raise typer.Exit(1)
 
 
+@jobs_app.callback(invoke_without_command=True)
 def jobs_command(
-    status: Annotated[str | None, typer.Option(help="Only these statuses, e.g. running or queued,running")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=100, help="How many (newest first)")] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON instead of a table")] = False,
+    ctx: typer.Context,
+    status: StatusOption = None,
+    limit: LimitOption = 20,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: KeyOption = None,
+) -> None:
+    """List your jobs on the server, newest first (or: jobs get|cancel|trace JOB)."""
+    if ctx.invoked_subcommand is None:
+        _list_jobs(status, limit, as_json, url, api_key)
+
+
+@jobs_app.command("list")
+def list_command(
+    ctx: typer.Context,
+    status: StatusOption = None,
+    limit: LimitOption = 20,
+    as_json: JsonOption = False,
     url: UrlOption = None,
     api_key: KeyOption = None,
 ) -> None:
     """List your jobs on the server, newest first."""
-    params: dict[str, Any] = {"limit": limit}
-    if status:
-        params["status"] = status
-    with _client(url, api_key) as client:
-        page = client.request("GET", "/v1/jobs", params=params)
+    _list_jobs(status, limit, as_json, *inherited(ctx, url, api_key))
+
+
+def _list_jobs(status: str | None, limit: int, as_json: bool, url: str | None, api_key: str | None) -> None:
+    with connect(url, api_key) as client:
+        page = client.jobs.list(status=status, limit=limit)
     if as_json:
-        typer.echo(json.dumps(page, indent=2))
+        print_json(page)
         return
     table = Table(show_edge=False, header_style="bold")
     for column in ("ID", "PIPELINE", "STATUS", "DONE", "FAILED", "CREATED"):
         table.add_column(column, no_wrap=column in {"ID", "STATUS"})
-    for job in page["data"]:
-        counts = job["counts"]
-        done = counts["completed"] + counts["failed"] + counts["cancelled"]
-        created = datetime.fromtimestamp(job["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(job["id"], job["pipeline"], job["status"], f"{done}/{counts['total']}",
-                      str(counts["failed"]), created)
+    for job in page.data:
+        counts = job.counts
+        done = counts.completed + counts.failed + counts.cancelled
+        table.add_row(job.id, job.pipeline, job.status, f"{done}/{counts.total}", str(counts.failed),
+                      when(job.created_at))
     Console().print(table)
-    if not page["data"]:
+    if not page.data:
         err.print("no jobs" + (f" with status {status}" if status else ""))
 
 
+@jobs_app.command("get")
+def get_command(ctx: typer.Context, job_id: JobArgument, url: UrlOption = None, api_key: KeyOption = None) -> None:
+    """Print a job as the API's JSON: status, counts, usage, timestamps."""
+    with connect(*inherited(ctx, url, api_key)) as client:
+        print_json(client.jobs.get(job_id))
+
+
+@jobs_app.command("cancel")
+def cancel_command(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped")] = False,
+    url: UrlOption = None,
+    api_key: KeyOption = None,
+) -> None:
+    """Cancel a job: its pending items are cancelled, running nodes finish first. Prints the job's JSON."""
+    with connect(*inherited(ctx, url, api_key)) as client:
+        job = client.jobs.cancel(job_id)
+        if wait:
+            job = client.jobs.wait(job.id, poll_interval=0.2)
+    print_json(job)
+    err.print(f"{job.id}: {job.status}, {_counts_line(job)}", highlight=False, soft_wrap=True)
+
+
+@jobs_app.command("trace")
+def trace_command(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the trace here (default stdout)")] = None,
+    url: UrlOption = None,
+    api_key: KeyOption = None,
+) -> None:
+    """Print a job's Chrome Trace Event JSON (open it in https://ui.perfetto.dev); live while the job runs."""
+    with connect(*inherited(ctx, url, api_key)) as client:
+        trace = client.jobs.trace(job_id)
+    if output is None:
+        print_json(trace, indent=None)
+        return
+    output.write_text(json.dumps(trace), encoding="utf-8")
+    events = trace.get("traceEvents", [])
+    err.print(f"{job_id}: {len(events)} trace events written to {output}; open it in https://ui.perfetto.dev",
+              highlight=False, soft_wrap=True)
+
+
 def results_command(
-    job_id: Annotated[str, typer.Argument(metavar="JOB", help="The job id (from submit or jobs)")],
+    job_id: JobArgument,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends")] = False,
     cursor: Annotated[int, typer.Option(min=0, help="Skip the first CURSOR results (already read)")] = 0,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write NDJSON here (default stdout)")] = None,
@@ -161,8 +158,8 @@ def results_command(
     """Print a job's results as NDJSON in completion order, with a progress bar on stderr."""
     sink: IO[str] = output.open("a" if cursor else "w") if output is not None else sys.stdout
     try:
-        with _client(url, api_key) as client:
-            job = client.request("GET", f"/v1/jobs/{job_id}")
+        with connect(url, api_key) as client:
+            job = client.jobs.get(job_id)
             failed = _stream_results(client, job, sink, cursor=cursor, follow=follow)
     finally:
         if output is not None:
@@ -171,33 +168,33 @@ def results_command(
         raise typer.Exit(1)
 
 
-def _stream_results(client: JobsClient, job: dict[str, Any], sink: IO[str], *, cursor: int, follow: bool) -> int:
+def _stream_results(client: Client, job: Job, sink: IO[str], *, cursor: int, follow: bool) -> int:
     """Write result lines as they arrive; returns how many items failed."""
     failed = 0
-    total = job["counts"]["total"]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=False) as progress:
-        bar = progress.add_task(job["id"], total=total, completed=cursor)
-        with client.stream_lines(f"/v1/jobs/{job['id']}/results", {"cursor": cursor, "follow": follow}) as lines:
-            for line in lines:
-                sink.write(line + "\n")
+        bar = progress.add_task(job.id, total=job.counts.total, completed=cursor)
+        with client.jobs.results(job.id, cursor=cursor, follow=follow) as results:
+            for result in results:
+                line = result.model_dump(mode="json", exclude_unset=True)
+                sink.write(json.dumps(line, ensure_ascii=False) + "\n")
                 sink.flush()
-                if json.loads(line).get("status") != "completed":
+                if not result.ok:
                     failed += 1
                 progress.advance(bar)
-    final = client.request("GET", f"/v1/jobs/{job['id']}")
-    counts = final["counts"]
-    err.print(
-        f"{final['id']}: {final['status']}, {counts['completed']}/{counts['total']} completed"
-        + (f", {counts['failed']} failed" if counts["failed"] else "")
-        + (f", {counts['cancelled']} cancelled" if counts["cancelled"] else ""),
-        highlight=False,
-        soft_wrap=True,
-    )
+    final = client.jobs.get(job.id)
+    err.print(f"{final.id}: {final.status}, {_counts_line(final)}", highlight=False, soft_wrap=True)
     return failed
+
+
+def _counts_line(job: Job) -> str:
+    counts = job.counts
+    return (f"{counts.completed}/{counts.total} completed"
+            + (f", {counts.failed} failed" if counts.failed else "")
+            + (f", {counts.cancelled} cancelled" if counts.cancelled else ""))
 
 
 def register_job_commands(app: typer.Typer) -> None:
     app.command("submit")(submit_command)
-    app.command("jobs")(jobs_command)
+    app.add_typer(jobs_app, name="jobs")
     app.command("results")(results_command)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from app.cli.console import EXIT_BAD_INPUT, CommandError, err
-from app.cli.jobs import JobsClient, KeyOption, UrlOption, _client
+from app.cli.remote import KeyOption, UrlOption, connect
+from app.client.types import TERMINAL, Evaluation, Training
 
 POLL_SECONDS = 0.5
-TERMINAL = {"completed", "failed", "cancelled"}
+Run = TypeVar("Run", Training, Evaluation)
 
 DatasetOption = Annotated[Path, typer.Option("--dataset", "-d", help="JSONL file: one example per line, "
                                              '{"input": ..., "target": ...}')]
@@ -74,29 +76,29 @@ def _loss_fields(loss: str | None, metric: str | None) -> dict[str, Any]:
     return {"loss": _json_option(loss, "--loss")} if loss is not None else {"metric": metric}
 
 
-def _follow(client: JobsClient, path: str, done_key: str, total_key: str, label: str) -> dict[str, Any]:
+def _follow(get: Callable[[], Run], progress_of: Callable[[Run], tuple[int, int]], label: str) -> Run:
     """Poll a training or an evaluation until it is terminal, advancing a progress bar."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[note]}"))
     with Progress(*columns, console=err, transient=False) as progress:
-        view = client.request("GET", path)
-        bar = progress.add_task(label, total=view["progress"][total_key] or None, note="")
+        view = get()
+        bar = progress.add_task(label, total=progress_of(view)[1] or None, note="")
         while True:
-            progress.update(bar, completed=view["progress"][done_key], total=view["progress"][total_key] or None,
-                            note=_note(view))
-            if view["status"] in TERMINAL:
+            done, total = progress_of(view)
+            progress.update(bar, completed=done, total=total or None, note=_note(view))
+            if view.status in TERMINAL:
                 return view
             time.sleep(POLL_SECONDS)
-            view = client.request("GET", path)
+            view = get()
 
 
-def _note(view: dict[str, Any]) -> str:
-    steps = view.get("steps") or []
-    if steps and steps[-1].get("score") is not None:
-        return f"step {steps[-1]['step']} score {steps[-1]['score']:.3f}"
-    if view.get("score") is not None:
-        return f"score {view['score']:.3f}"
-    return view["status"]
+def _note(view: Training | Evaluation) -> str:
+    steps = (view.steps or []) if isinstance(view, Training) else []
+    if steps and steps[-1].score is not None:
+        return f"step {steps[-1].step} score {steps[-1].score:.3f}"
+    if isinstance(view, Evaluation) and view.score is not None:
+        return f"score {view.score:.3f}"
+    return str(view.status)
 
 
 def _fmt(score: Any) -> str:
@@ -122,50 +124,46 @@ def train_command(
     api_key: KeyOption = None,
 ) -> None:
     """Train a pipeline's learnable parameters on the server; each optimizer step stores a parameter version."""
-    with _client(url, api_key) as client:
-        body: dict[str, Any] = {
-            "pipeline": pipeline, "dataset": _examples(dataset), **_loss_fields(loss, metric),
-            "epochs": epochs, "batch_size": batch_size, "seed": seed, "activate": activate,
-        }
-        if eval_dataset is not None:
-            body["eval_dataset"] = _examples(eval_dataset)
-        if validation_dataset is not None:
-            body["validation_dataset"] = _examples(validation_dataset)
-        if optimizer is not None:
-            body["optimizer"] = _json_option(optimizer, "--optimizer")
-        created = client.request("POST", "/v1/trainings", json=body)
-        typer.echo(created["id"])
+    with connect(url, api_key) as client:
+        created = client.trainings.create(
+            pipeline, _examples(dataset), **_loss_fields(loss, metric), epochs=epochs, batch_size=batch_size,
+            seed=seed, activate=activate,
+            eval_dataset=None if eval_dataset is None else _examples(eval_dataset),
+            validation_dataset=None if validation_dataset is None else _examples(validation_dataset),
+            optimizer=None if optimizer is None else _json_option(optimizer, "--optimizer"),
+        )
+        typer.echo(created.id)
         if detach:
-            err.print(f"submitted {created['id']}: {created['progress']['total_steps']} steps; follow it with "
-                       f"GET /v1/trainings/{created['id']}", highlight=False, soft_wrap=True)
+            err.print(f"submitted {created.id}: {created.progress.total_steps} steps; follow it with "
+                       f"GET /v1/trainings/{created.id}", highlight=False, soft_wrap=True)
             return
-        final = _follow(client, f"/v1/trainings/{created['id']}", "completed_steps", "total_steps", created["id"])
+        final = _follow(lambda: client.trainings.get(created.id),
+                        lambda v: (v.progress.completed_steps, v.progress.total_steps), created.id)
     _training_summary(final)
-    if final["status"] != "completed":
+    if final.status != "completed":
         raise typer.Exit(1)
 
 
-def _training_summary(view: dict[str, Any]) -> None:
+def _training_summary(view: Training) -> None:
     table = Table(show_edge=False, header_style="bold")
     for column in ("STEP", "EPOCH", "SCORE", "VERSION", "CHANGED"):
         table.add_column(column)
-    for step in view.get("steps") or []:
-        changed = ", ".join(u["name"] for u in step["updates"] if u.get("changed")) or "-"
-        table.add_row(str(step["step"]), str(step["epoch"]), _fmt(step["score"]),
-                      str(step["version"] or "-"), changed)
+    for step in view.steps or []:
+        changed = ", ".join(u["name"] for u in step.updates if isinstance(u, dict) and u.get("changed")) or "-"
+        table.add_row(str(step.step), str(step.epoch), _fmt(step.score), str(step.version or "-"), changed)
     err.print(table)
-    result = view.get("result") or {}
-    line = f"{view['id']}: {view['status']}"
-    if view["status"] == "completed":
-        line += f", versions {view['base_version']} → {view['final_version']}"
+    result = view.result or {}
+    line = f"{view.id}: {view.status}"
+    if view.status == "completed":
+        line += f", versions {view.base_version} → {view.final_version}"
         line += " (active)" if result.get("activated") else ""
         if result.get("val_scores"):
             line += ", validation " + " → ".join(_fmt(s) for s in result["val_scores"][:1] + result["val_scores"][-1:])
             line += f" ({result.get('metric_calls')} metric calls, {result.get('accepted')} candidates accepted)"
         if result.get("eval_scores"):
             line += ", held-out " + " → ".join(_fmt(s) for s in result["eval_scores"])
-    elif view.get("error"):
-        line += f": {view['error'].get('message')}"
+    elif view.error:
+        line += f": {view.error.get('message')}"
     err.print(line, highlight=False, soft_wrap=True)
 
 
@@ -183,33 +181,31 @@ def eval_command(
     api_key: KeyOption = None,
 ) -> None:
     """Score a pipeline on a dataset with a loss or a metric on the server (or schedule it with --schedule)."""
-    with _client(url, api_key) as client:
-        body: dict[str, Any] = {"pipeline": pipeline, "dataset": _examples(dataset), **_loss_fields(loss, metric)}
-        if version is not None:
-            body["version"] = version
+    with connect(url, api_key) as client:
+        examples, scoring = _examples(dataset), _loss_fields(loss, metric)
         if schedule is not None:
-            created = client.request("POST", "/v1/evaluations/schedules",
-                                     json={**body, "cron": schedule, "margin": margin})
-            typer.echo(created["id"])
-            err.print(f"scheduled {created['id']} ({created['cron']}, UTC); runs: GET "
-                       f"/v1/evaluations/schedules/{created['id']}/runs", highlight=False, soft_wrap=True)
+            planned = client.schedules.create(pipeline, examples, **scoring, version=version, cron=schedule,
+                                              margin=margin)
+            typer.echo(planned.id)
+            err.print(f"scheduled {planned.id} ({planned.cron}, UTC); runs: GET "
+                       f"/v1/evaluations/schedules/{planned.id}/runs", highlight=False, soft_wrap=True)
             return
-        created = client.request("POST", "/v1/evaluations", json=body)
-        typer.echo(created["id"])
+        created = client.evaluations.create(pipeline, examples, **scoring, version=version)
+        typer.echo(created.id)
         if detach:
             return
-        final = _follow(client, f"/v1/evaluations/{created['id']}", "completed_examples", "total_examples",
-                        created["id"])
-    details = final.get("details") or {}
-    line = f"{final['id']}: {final['status']}, score {_fmt(final.get('score'))}"
-    if final.get("parameter_version"):
-        line += f" (parameter version {final['parameter_version']})"
+        final = _follow(lambda: client.evaluations.get(created.id),
+                        lambda v: (v.progress.completed_examples, v.progress.total_examples), created.id)
+    details = final.details or {}
+    line = f"{final.id}: {final.status}, score {_fmt(final.score)}"
+    if final.parameter_version:
+        line += f" (parameter version {final.parameter_version})"
     if details.get("failures"):
         line += f", {details['failures']} example(s) failed"
-    if final.get("error"):
-        line += f": {final['error'].get('message')}"
+    if final.error:
+        line += f": {final.error.get('message')}"
     err.print(line, highlight=False, soft_wrap=True)
-    if final["status"] != "completed":
+    if final.status != "completed":
         raise typer.Exit(1)
 
 

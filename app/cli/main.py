@@ -14,7 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from app.cli.console import EXIT_BAD_INPUT, err, fail, say_error
 from app.cli.requirements import missing_extra_message, require_engine
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="inf-engine: LLM pipelines at scale")
+# --install-completion and --show-completion: bash, zsh, fish and PowerShell completion of commands and options
+app = typer.Typer(no_args_is_help=True, help="inf-engine: LLM pipelines at scale")
 
 
 def _print_version(value: bool) -> None:
@@ -177,6 +178,7 @@ async def _run_items(
 
 def _add_platform_commands() -> None:
     from app.cli.db import db_app
+    from app.cli.files import register_file_commands
     from app.cli.jobs import register_job_commands
     from app.cli.learning import register_learning_commands
     from app.cli.serve import serve_command
@@ -185,6 +187,7 @@ def _add_platform_commands() -> None:
     app.command("serve")(serve_command)
     app.add_typer(db_app, name="db")
     register_job_commands(app)
+    register_file_commands(app)
     register_learning_commands(app)
     register_worker_commands(app)
 

@@ -6,8 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from api.schemas.common import Page, Unix
-from app.db import BatchStatus
+from app.client.types.common import BatchStatus, Page, Unix
 
 
 class FileObject(BaseModel):

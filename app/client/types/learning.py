@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas.common import Page, Unix
-from app.db.optimization_models import RunStatus
+from app.client.types.common import Page, RunStatus, Unix
 
 
 # -- trainings --------------------------------------------------------------------------------------------------
@@ -254,3 +253,25 @@ class PipelineInfo(BaseModel):
 class PipelineList(BaseModel):
     object: Literal["list"]
     data: list[PipelineInfo]
+
+
+# -- human feedback ---------------------------------------------------------------------------------------------
+class FeedbackRequest(BaseModel):
+    """A question a running training asks a person (``GET /v1/feedback/pending``); the keys of its kind
+    (``outputs``, ``criteria``, ``rubric``, ``target``, ``context``, ``require_feedback``) come as extra fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["feedback_request"]
+    training_id: str | None
+    status: str
+    kind: str
+    answer: dict[str, Any] | None
+    created_at: Unix | None
+    answered_at: Unix | None
+
+
+class FeedbackList(BaseModel):
+    object: Literal["list"]
+    data: list[FeedbackRequest]

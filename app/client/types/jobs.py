@@ -6,8 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import Page, Unix
-from app.db import ItemStatus, JobStatus
+from app.client.types.common import ItemStatus, JobStatus, Page, Unix
 
 
 class JobCounts(BaseModel):
@@ -81,3 +80,17 @@ class ItemList(BaseModel):
     offset: int
     limit: int
     has_more: bool
+
+
+class JobResult(BaseModel):
+    """One NDJSON line of ``GET /v1/jobs/{id}/results``: a finished item, in completion order (the shape
+    ``inf-engine run`` writes too)."""
+
+    custom_id: str
+    status: ItemStatus
+    output: Any = Field(default=None, description="The pipeline's output (completed items)")
+    error: dict[str, Any] | None = Field(default=None, description="type and message (failed or cancelled items)")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == ItemStatus.COMPLETED
