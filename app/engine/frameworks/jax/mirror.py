@@ -1,0 +1,173 @@
+"""A dense copy of the decode batch's KV context, so decode steps read it with plain batched products.
+
+XLA on CPU materialises a gather of cache blocks element by element; gathering every sequence's blocks in every
+layer of every decode step cost more than the rest of the attention together. Decoding sequences stay in the
+batch for many steps, so the runner keeps, beside the paged cache, one row per running sequence of
+``K^T [kv_heads, rows, head_dim, width]`` and ``V [kv_heads, rows, width, head_dim]``: a decode step appends
+each row's new key and value (and writes the paged cache, which stays the source of truth), then attends over
+its row as is. A row is (re)filled from the paged cache, once, when its sequence joins the batch or comes back
+after a mixed step or a preemption; the arrays are reallocated when the batch outgrows their rows or width.
+
+Batch row ``i`` of a mirrored decode step IS mirror row ``i``: free rows run as padding (they write position 0
+of their own free row and a scratch slot of the paged cache), so no row is ever gathered or scattered by index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from app.engine.core.sequence import Sequence
+from app.engine.frameworks.jax.layers import MASKED, Array, gather_blocks, jitted
+
+Mirror = tuple[tuple[Array, Array], ...]
+
+_traces = [0]  # traces of the refill function (added to the runner's num_compilations)
+
+
+def dense_decode_attention(q: Array, k_t: Array, v: Array, context_lens: Array, scale: float) -> Array:
+    """``q [R, heads, d]`` against mirror rows ``K^T [kvh, R, d, C]``, ``V [kvh, R, C, d]`` (their first
+    ``context_lens`` positions); returns ``[R, heads * d]``."""
+    rows, num_heads, head_dim = q.shape
+    kv_heads, width = k_t.shape[0], k_t.shape[3]
+    qg = q.reshape(rows, kv_heads, num_heads // kv_heads, head_dim).transpose(1, 0, 2, 3)
+    scores = jnp.einsum("kbgd,kbdc->kbgc", qg, k_t) * scale
+    keep = jnp.arange(width)[None, :] < context_lens[:, None]
+    probs = jax.nn.softmax(jnp.where(keep[None, :, None, :], scores, MASKED), axis=-1)
+    out = jnp.einsum("kbgc,kbcd->kbgd", probs, v)
+    return out.transpose(1, 0, 2, 3).reshape(rows, num_heads * head_dim)
+
+
+def append_rows(k_t: Array, v: Array, positions: Array, k: Array, v_new: Array) -> tuple[Array, Array]:
+    """Row ``i``'s new key and value ``[R, kvh, d]`` at its position ``positions[i]``."""
+    rows = jnp.arange(k_t.shape[1])
+    k_t = k_t.at[:, rows, :, positions].set(k, mode="promise_in_bounds")  # indexed dims lead: [R, kvh, d]
+    v = v.at[:, rows, positions].set(v_new.transpose(1, 0, 2), mode="promise_in_bounds")
+    return k_t, v
+
+
+def _refill(mirror: Mirror, caches: Any, rows: Array, tables: Array, *, block_size: int) -> Mirror:
+    """Copy the paged context of ``tables [n, W]`` into mirror ``rows [n]`` (a row past the end: padding,
+    dropped)."""
+    _traces[0] += 1
+    out = []
+    for (k_t, v), (k_cache, v_cache) in zip(mirror, caches, strict=True):
+        keys = gather_blocks(k_cache, tables, block_size)  # [kvh, n, W * bs, d]
+        values = gather_blocks(v_cache, tables, block_size)
+        k_t = k_t.at[:, rows].set(keys.transpose(0, 1, 3, 2), mode="drop")
+        v = v.at[:, rows].set(values, mode="drop")
+        out.append((k_t, v))
+    return tuple(out)
+
+
+@dataclass
+class MirrorPlan:
+    """Where one decode step's sequences sit in the mirror."""
+
+    rows: np.ndarray  # the mirror row of each scheduled sequence, in scheduled order
+    num_rows: int  # the mirror's rows: the step's (padded) batch
+
+
+class DecodeMirror:
+    """The mirror's arrays and which sequence owns which row; at most ``max_bytes`` of arrays (a batch that
+    would need more decodes through the paged cache instead)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        max_bytes: int,
+        fast_compile: bool,
+    ) -> None:
+        self.num_layers = num_layers
+        self.fast_compile = fast_compile
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.max_bytes = max_bytes
+        self.arrays: Mirror | None = None
+        self.num_rows = 0
+        self.width = 0  # blocks per row
+        self.row_of: dict[int, int] = {}  # seq id -> row
+        self.valid = np.zeros(0, dtype=np.int64)  # per row: positions [0, valid) hold its sequence's K/V
+        self.num_traces = 0
+
+    def nbytes(self, rows: int, width: int) -> int:
+        return 2 * self.num_layers * self.kv_heads * rows * width * self.block_size * self.head_dim * 4
+
+    def forget(self, seq_id: int) -> None:
+        """A preempted sequence: its row is free and must be refilled (its K/V will be recomputed)."""
+        row = self.row_of.pop(seq_id, None)
+        if row is not None:
+            self.valid[row] = 0
+
+    def plan(
+        self, seqs: list[Sequence], starts: np.ndarray, rows: int, width: int, caches: Any
+    ) -> MirrorPlan | None:
+        """Rows for this decode step's sequences (each at position ``starts[i]``; ``rows`` and ``width`` in
+        blocks: the bucketed batch and context the step needs), refilling the rows that miss part of their
+        context; None when the mirror would exceed its budget."""
+        n = len(seqs)
+        present = {s.seq_id for s in seqs}
+        for sid in [sid for sid in self.row_of if sid not in present]:  # finished or no longer scheduled
+            self.forget(sid)
+        if self.arrays is None or width > self.width or rows > self.num_rows or 4 * rows <= self.num_rows:
+            if self.nbytes(rows, width) > self.max_bytes:
+                self.release()
+                return None
+            self.allocate(rows, width)
+        free = iter(sorted(set(range(self.num_rows)) - set(self.row_of.values())))
+        assigned = np.empty(n, dtype=np.int64)
+        for i, seq in enumerate(seqs):
+            row = self.row_of.get(seq.seq_id)
+            if row is None:
+                row = self.row_of[seq.seq_id] = next(free)
+            assigned[i] = row
+        stale = self.valid[assigned] < starts
+        if stale.any():
+            self._refill([s for s, bad in zip(seqs, stale, strict=True) if bad], assigned[stale], caches)
+        self.valid[assigned] = starts + 1  # after this step
+        return MirrorPlan(assigned, self.num_rows)
+
+    def release(self) -> None:
+        self.arrays = None
+        self.num_rows = self.width = 0
+        self.row_of.clear()
+        self.valid = np.zeros(0, dtype=np.int64)
+
+    def allocate(self, rows: int, width: int) -> None:
+        """Fresh zeroed arrays of ``rows`` rows of ``width`` blocks, every row free."""
+        self.release()  # drop the old arrays first: the peak stays one mirror
+        shape_k = (self.kv_heads, rows, self.head_dim, width * self.block_size)
+        shape_v = (self.kv_heads, rows, width * self.block_size, self.head_dim)
+        self.arrays = tuple(
+            (jnp.zeros(shape_k, jnp.float32), jnp.zeros(shape_v, jnp.float32)) for _ in range(self.num_layers)
+        )
+        self.num_rows, self.width = rows, width
+        self.valid = np.zeros(rows, dtype=np.int64)
+
+    def _refill(self, seqs: list[Sequence], rows: np.ndarray, caches: Any) -> None:
+        count = _pow2(len(seqs), 8)
+        scratch_block = int(caches[0][0].shape[1]) // self.block_size - 1
+        tables = np.full((count, self.width), scratch_block, dtype=np.int32)
+        for i, seq in enumerate(seqs):
+            table = seq.block_table[: self.width]
+            tables[i, : len(table)] = table
+        padded = np.full(count, self.num_rows, dtype=np.int32)  # past the end: dropped
+        padded[: len(seqs)] = rows
+        before = _traces[0]
+        assert self.arrays is not None
+        refill = jitted(_refill, self.fast_compile, ("block_size",), ("mirror",))
+        self.arrays = refill(self.arrays, caches, padded, tables, block_size=self.block_size)
+        self.num_traces += _traces[0] - before
+
+
+def _pow2(n: int, minimum: int = 1) -> int:
+    n = max(n, minimum)
+    return 1 << (n - 1).bit_length()

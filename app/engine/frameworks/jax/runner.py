@@ -1,0 +1,513 @@
+"""The JAX model runner: one scheduler step → one jitted forward over a paged KV cache held in JAX arrays.
+
+Per step the scheduled sequences' new tokens are laid end to end (decodes first, then prefill chunks), and the
+index arrays (positions, cache slots, block tables, context lengths) are built with numpy, touching each
+sequence once. The arrays are padded to bucketed shapes (powers of two) so that a new batch size reuses a
+compiled step instead of tracing a new one; ``num_compilations`` counts the traces. Padding rows write one
+scratch slot in an extra block that no sequence owns, and padded table entries point at that block and are
+masked, so padding never reaches a real row.
+
+Two step functions:
+
+* decode-only (every sequence brings one token, the common step): ``[B]`` rows, attention through each
+  sequence's block table, logits for every row;
+* mixed: the one-token sequences attend as in a decode, the multi-token chunks as ``[B, Q]`` query blocks
+  (causal within the chunk, the prefix from the cache, which is how prefix caching and chunked prefill read
+  earlier tokens), and logits only for the rows that sample.
+
+The KV cache buffers are donated to each call, so XLA updates them in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from app.engine.config import ModelConfig
+from app.engine.core.scheduler import SchedulerOutput
+from app.engine.core.sequence import Sequence
+from app.engine.frameworks.jax.layers import (
+    FAST_COMPILE_PARAMS,
+    Array,
+    causal_attention,
+    decode_attention,
+    jitted,
+    prefill_attention,
+    write_kv,
+)
+from app.engine.frameworks.jax.mirror import (
+    DecodeMirror,
+    Mirror,
+    MirrorPlan,
+    append_rows,
+    dense_decode_attention,
+)
+from app.engine.frameworks.jax.models import (
+    ModelSpec,
+    Params,
+    compute_logits,
+    final_norm,
+    forward,
+    params_from_torch,
+)
+from app.engine.hidden_states import CaptureStore
+from app.engine.model_runner import RunnerTimings
+from app.engine.models.base import PagedCausalLM
+
+__all__ = ["JaxRunner", "layer_outputs", "make_runner"]
+
+# Smallest buckets: below these, padding costs less than another compiled shape.
+MIN_SEQS = 8
+MIN_TOKENS = 16
+MIN_QUERIES = 8
+MIN_CONTEXT = 64  # tokens: the narrowest block-table width (short contexts share one compiled shape)
+
+# How many step functions were traced in this process (bumped inside the traced bodies, which run once per
+# trace); each runner adds the traces its own calls caused to its num_compilations.
+_traces = [0]
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+    """The padded size for ``n``: the next power of two, at least ``minimum``."""
+    n = max(n, minimum)
+    return 1 << (n - 1).bit_length()
+
+
+# ---- the traced step functions ---------------------------------------------------------------------------
+Caches = tuple[tuple[Array, Array], ...]
+
+
+class _PagedAttend:
+    """The ``attend`` callback of a paged step: writes each layer's new K/V at the step's slots, then attends
+    the decode rows and the prefill query blocks through their block tables."""
+
+    def __init__(self, caches: Caches, batch: dict[str, Array], spec: ModelSpec, block_size: int) -> None:
+        self.caches = list(caches)
+        self.batch = batch
+        self.spec = spec
+        self.block_size = block_size
+
+    def __call__(self, layer: int, q: Array, k: Array, v: Array) -> Array:
+        b, spec, bs = self.batch, self.spec, self.block_size
+        k_cache, v_cache = self.caches[layer]
+        k_cache = write_kv(k_cache, b["slots"], k)
+        v_cache = write_kv(v_cache, b["slots"], v)
+        self.caches[layer] = (k_cache, v_cache)
+        if "dec_rows" not in b:  # decode-only step: row i is sequence i
+            return decode_attention(q, k_cache, v_cache, b["tables"], b["context_lens"], spec.scale, bs)
+        parts = []
+        if b["dec_rows"].shape[0]:
+            qd = q[b["dec_rows"]]
+            parts.append(
+                decode_attention(qd, k_cache, v_cache, b["dec_tables"], b["dec_ctx"], spec.scale, bs)
+            )
+        qp = q[b["pre_rows"]]  # [Bp, Q, heads, d]
+        parts.append(
+            prefill_attention(
+                qp, k_cache, v_cache, b["pre_tables"], b["pre_ctx"], b["pre_start"], spec.scale, bs
+            )
+        )
+        out = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
+        return out[b["out_rows"]]
+
+
+class _MirrorAttend:
+    """The ``attend`` callback of a mirrored decode step: each row's new K/V go to the paged cache (at its
+    slot) and to the end of its mirror row, and the row attends over its mirror row."""
+
+    def __init__(self, caches: Caches, mirror: Mirror, batch: dict[str, Array], spec: ModelSpec) -> None:
+        self.caches = list(caches)
+        self.mirror = list(mirror)
+        self.batch = batch
+        self.spec = spec
+
+    def __call__(self, layer: int, q: Array, k: Array, v: Array) -> Array:
+        b = self.batch
+        k_cache, v_cache = self.caches[layer]
+        self.caches[layer] = (write_kv(k_cache, b["slots"], k), write_kv(v_cache, b["slots"], v))
+        k_t, v_rows = append_rows(*self.mirror[layer], b["positions"], k, v)
+        self.mirror[layer] = (k_t, v_rows)
+        return dense_decode_attention(q, k_t, v_rows, b["context_lens"], self.spec.scale)
+
+
+def _mirror_decode_step(
+    params: Params, caches: Caches, mirror: Mirror, batch: dict[str, Array], *, spec: ModelSpec
+) -> tuple[Array, Caches, Mirror]:
+    """A decode step over the mirror's rows: logits ``[rows, vocab]``, the updated caches and mirror."""
+    _traces[0] += 1
+    attend = _MirrorAttend(caches, mirror, batch, spec)
+    x = forward(params, spec, batch["ids"], batch["positions"], attend)
+    return compute_logits(params, spec, x), tuple(attend.caches), tuple(attend.mirror)
+
+
+def _decode_step(
+    params: Params, caches: Caches, batch: dict[str, Array], *, spec: ModelSpec, block_size: int
+) -> tuple[Array, Caches]:
+    """Every sequence one token: logits ``[B, vocab]`` for every row, and the updated caches."""
+    _traces[0] += 1
+    attend = _PagedAttend(caches, batch, spec, block_size)
+    x = forward(params, spec, batch["ids"], batch["positions"], attend)
+    return compute_logits(params, spec, x), tuple(attend.caches)
+
+
+def _mixed_step(
+    params: Params, caches: Caches, batch: dict[str, Array], *, spec: ModelSpec, block_size: int
+) -> tuple[Array, Caches]:
+    """Decodes and prefill chunks together: logits of the sampling rows ``batch["sample_rows"]`` only."""
+    _traces[0] += 1
+    attend = _PagedAttend(caches, batch, spec, block_size)
+    x = forward(params, spec, batch["ids"], batch["positions"], attend)
+    return compute_logits(params, spec, x[batch["sample_rows"]]), tuple(attend.caches)
+
+
+# ---- step inputs -----------------------------------------------------------------------------------------
+@dataclass
+class StepInputs:
+    """One step's padded arrays, and how to read its logits back."""
+
+    kind: str  # "decode" (paged), "mirror" (decode over the mirror rows) or "mixed"
+    batch: dict[str, np.ndarray]
+    sample_rows: np.ndarray  # rows of the step's logits to return, in the order of sampling_seqs
+    sampling_seqs: list[Sequence]
+    num_tokens: int
+
+    @property
+    def shape_key(self) -> tuple[Any, ...]:
+        return (self.kind, *sorted((k, v.shape) for k, v in self.batch.items()))
+
+
+class StepBuilder:
+    """Builds :class:`StepInputs` from a scheduler step (numpy, vectorised over tokens)."""
+
+    def __init__(self, block_size: int, scratch_block: int, max_positions: int | None) -> None:
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.scratch_slot = scratch_block * block_size
+        self.max_positions = max_positions  # learned position embeddings (GPT-2): the longest context
+        self.min_width = bucket(-(-MIN_CONTEXT // block_size))
+
+    def width(self, longest: int) -> int:
+        """The bucketed block-table width for contexts of up to ``longest`` tokens."""
+        if self.max_positions is not None and longest > self.max_positions:
+            raise ValueError(
+                f"position {longest - 1} beyond the model's {self.max_positions} learned positions"
+            )
+        return bucket(-(-longest // self.block_size), self.min_width)
+
+    def tables(self, seqs: list[Sequence], rows: int, width: int) -> np.ndarray:
+        """Block tables ``[rows, width]``, padded with the scratch block."""
+        out = np.full((rows, width), self.scratch_block, dtype=np.int32)
+        for i, seq in enumerate(seqs):
+            table = seq.block_table[:width]
+            out[i, : len(table)] = table
+        return out
+
+    def decode(self, seqs: list[Sequence], starts: np.ndarray) -> StepInputs:
+        """Every sequence one token at ``starts`` (its ``num_computed_tokens``), through the paged cache."""
+        n, bs = len(seqs), self.block_size
+        rows = bucket(n, MIN_SEQS)
+        tables = self.tables(seqs, rows, self.width(int(starts.max()) + 1))
+        positions = _padded(starts, rows, 0)
+        ids = _padded(np.fromiter((s.token_ids[s.num_computed_tokens] for s in seqs), np.int64, n), rows, 0)
+        slots = tables[np.arange(rows), positions // bs] * bs + positions % bs  # padding: the scratch block
+        batch = {"ids": ids, "positions": positions, "slots": slots.astype(np.int32), "tables": tables,
+                 "context_lens": _padded(starts + 1, rows, 1)}  # fmt: skip
+        sampling = [i for i, s in enumerate(seqs) if s.num_computed_tokens + 1 == s.num_tokens]
+        return StepInputs(
+            "decode", batch, np.asarray(sampling, dtype=np.int64), [seqs[i] for i in sampling], n
+        )
+
+    def mirrored(self, seqs: list[Sequence], starts: np.ndarray, plan: MirrorPlan) -> StepInputs:
+        """Every sequence one token, each in its mirror row (the other rows padding)."""
+        bs, rows, at = self.block_size, plan.num_rows, plan.rows
+        self.width(int(starts.max()) + 1)  # the position check
+        blocks = np.fromiter(
+            (s.block_table[p // bs] for s, p in zip(seqs, starts, strict=True)), np.int64, len(seqs)
+        )
+        ids = np.zeros(rows, dtype=np.int32)
+        ids[at] = [s.token_ids[s.num_computed_tokens] for s in seqs]
+        positions = np.zeros(rows, dtype=np.int32)
+        positions[at] = starts
+        slots = np.full(rows, self.scratch_slot, dtype=np.int32)
+        slots[at] = blocks * bs + starts % bs
+        context = np.ones(rows, dtype=np.int32)  # padding rows see one key: finite, never used
+        context[at] = starts + 1
+        batch = {"ids": ids, "positions": positions, "slots": slots, "context_lens": context}
+        sampling = [i for i, s in enumerate(seqs) if s.num_computed_tokens + 1 == s.num_tokens]
+        return StepInputs("mirror", batch, at[sampling], [seqs[i] for i in sampling], len(seqs))
+
+    def mixed(self, seqs: list[Sequence], num_sched: dict[int, int]) -> StepInputs:
+        """The one-token sequences' rows first, then the prefill chunks', all over one table width; see
+        :meth:`_decode_part` and :meth:`_prefill_part`."""
+        bs = self.block_size
+        order = [s for s in seqs if num_sched[s.seq_id] == 1] + [s for s in seqs if num_sched[s.seq_id] > 1]
+        num_dec = sum(1 for s in seqs if num_sched[s.seq_id] == 1)
+        qlens = np.fromiter((num_sched[s.seq_id] for s in order), dtype=np.int64, count=len(order))
+        starts = np.fromiter((s.num_computed_tokens for s in order), dtype=np.int64, count=len(order))
+        ends = starts + qlens
+        total = int(qlens.sum())
+        num_rows = bucket(total, MIN_TOKENS)
+        first_row = np.cumsum(qlens) - qlens
+        seq_of = np.repeat(np.arange(len(order)), qlens)
+        positions = np.arange(total) - (first_row - starts)[seq_of]
+        tables = self.tables(order, len(order), self.width(int(ends.max())))
+        ids = [t for s, a, e in zip(order, starts, ends, strict=True) for t in s.token_ids[a:e]]
+        batch = {
+            "ids": _padded(np.asarray(ids, dtype=np.int64), num_rows, 0),
+            "positions": _padded(positions, num_rows, 0),
+            "slots": _padded(
+                tables[seq_of, positions // bs] * bs + positions % bs, num_rows, self.scratch_slot
+            ),
+        }
+        dec_rows = self._decode_part(batch, tables[:num_dec], starts[:num_dec])
+        out_rows = self._prefill_part(
+            batch, tables[num_dec:], qlens[num_dec:], starts[num_dec:], first_row[num_dec:], dec_rows
+        )
+        out_rows[:num_dec] = np.arange(num_dec)
+        batch["out_rows"] = out_rows
+        index = {id(s): i for i, s in enumerate(order)}
+        sampling = [s for s in seqs if s.num_computed_tokens + num_sched[s.seq_id] == s.num_tokens]
+        last_rows = np.asarray(
+            [first_row[index[id(s)]] + qlens[index[id(s)]] - 1 for s in sampling], np.int64
+        )
+        batch["sample_rows"] = _padded(last_rows, dec_rows + len(batch["pre_ctx"]), 0)
+        return StepInputs("mixed", batch, np.arange(len(sampling)), sampling, total)
+
+    def _decode_part(self, batch: dict[str, np.ndarray], tables: np.ndarray, starts: np.ndarray) -> int:
+        """The one-token sequences' rows, tables and context lengths (padded); returns their row bucket."""
+        n = len(starts)
+        rows = bucket(n, MIN_SEQS) if n else 0
+        dec_tables = np.full((rows, tables.shape[1]), self.scratch_block, dtype=np.int32)
+        dec_tables[:n] = tables
+        batch["dec_rows"] = _padded(np.arange(n), rows, 0)
+        batch["dec_tables"] = dec_tables
+        batch["dec_ctx"] = _padded(starts + 1, rows, 1)
+        return rows
+
+    def _prefill_part(
+        self,
+        batch: dict[str, np.ndarray],
+        tables: np.ndarray,
+        qlens: np.ndarray,
+        starts: np.ndarray,
+        first_rows: np.ndarray,
+        dec_rows: int,
+    ) -> np.ndarray:
+        """The chunks as ``[Bp, Q]`` query blocks (query ``i`` of chunk ``b`` is flat row ``first_rows[b] + i``,
+        clipped for padding); returns where each flat chunk row's attention output is: the decode part's
+        ``dec_rows`` rows come first, then the query blocks row by row."""
+        n = len(qlens)
+        rows = bucket(n)
+        queries = bucket(int(qlens.max()), MIN_QUERIES)
+        num_rows = len(batch["ids"])
+        pre_rows = np.zeros((rows, queries), dtype=np.int32)
+        pre_rows[:n] = np.minimum(first_rows[:, None] + np.arange(queries)[None, :], num_rows - 1)
+        pre_tables = np.full((rows, tables.shape[1]), self.scratch_block, dtype=np.int32)
+        pre_tables[:n] = tables
+        batch["pre_rows"] = pre_rows
+        batch["pre_tables"] = pre_tables
+        batch["pre_ctx"] = _padded(starts + qlens, rows, 1)
+        batch["pre_start"] = _padded(starts, rows, 0)
+        owner = np.repeat(np.arange(n), qlens)
+        within = np.arange(len(owner)) - (np.cumsum(qlens) - qlens)[owner]
+        out_rows = np.zeros(num_rows, dtype=np.int32)  # padding rows: any output, never read
+        out_rows[first_rows[0] : first_rows[0] + len(owner)] = dec_rows + owner * queries + within
+        return out_rows
+
+
+def _padded(values: np.ndarray, size: int, fill: int) -> np.ndarray:
+    out = np.full(size, fill, dtype=np.int32)
+    out[: len(values)] = values
+    return out
+
+
+# ---- the runner ------------------------------------------------------------------------------------------
+class JaxRunner:
+    """The engine's :class:`~app.engine.frameworks.FrameworkRunner` in JAX (float32, CPU)."""
+
+    framework = "jax"
+
+    def __init__(
+        self,
+        model: PagedCausalLM,
+        model_config: ModelConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        mirror_bytes: int | None = None,
+    ) -> None:
+        """``mirror_bytes``: the most the decode mirror may hold (:mod:`.mirror`); None: as much as the paged
+        cache, 0: decode through the paged cache always."""
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
+        spec = self.spec = ModelSpec.from_config(model_config)
+        self.params = params_from_torch(model, model_config)
+        self.fast_compile = sum(x.size for x in jax.tree.leaves(self.params)) < FAST_COMPILE_PARAMS
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # one block past the block manager's range: the scratch block padding rows write and padded tables name
+        num_slots = (num_blocks + 1) * block_size
+        shape = (spec.num_kv_heads, num_slots, spec.head_dim)
+        self.caches: Caches = tuple(
+            (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(spec.num_layers)
+        )
+        learned = spec.max_positions if spec.architecture == "gpt2" else None
+        self.builder = StepBuilder(block_size, num_blocks, learned)
+        paged_bytes = 2 * spec.num_layers * num_slots * spec.num_kv_heads * spec.head_dim * 4
+        self.mirror = DecodeMirror(
+            spec.num_layers,
+            spec.num_kv_heads,
+            spec.head_dim,
+            block_size,
+            paged_bytes if mirror_bytes is None else mirror_bytes,
+            self.fast_compile,
+        )
+        self.timings = RunnerTimings()
+        self.captures = CaptureStore()  # hidden-state capture is the torch runner's: stays empty here
+        self.num_compilations = 0
+        self.step_shapes: set[tuple[Any, ...]] = set()  # the distinct padded shapes run so far
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's padded inputs: over the mirror when every sequence decodes and it fits, else paged."""
+        seqs = out.scheduled
+        if not seqs:
+            raise ValueError("nothing scheduled: the runner needs at least one sequence")
+        for seq in out.preempted:
+            self.mirror.forget(seq.seq_id)
+        num_sched = out.num_scheduled_tokens
+        if any(num_sched[s.seq_id] != 1 for s in seqs):
+            return self.builder.mixed(seqs, num_sched)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=len(seqs))
+        traces = self.mirror.num_traces
+        rows, width = bucket(len(seqs), MIN_SEQS), self.builder.width(int(starts.max()) + 1)
+        plan = self.mirror.plan(seqs, starts, rows, width, self.caches)
+        self.num_compilations += self.mirror.num_traces - traces
+        if plan is None:
+            return self.builder.decode(seqs, starts)
+        return self.builder.mirrored(seqs, starts, plan)
+
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run one scheduler step; returns the logits of the sequences that sample, and those sequences."""
+        t0 = time.perf_counter()
+        step = self.prepare(out)
+        t1 = time.perf_counter()
+        logits = self.run(step)
+        t2 = time.perf_counter()
+        tm = self.timings
+        tm.prepare_s += t1 - t0
+        tm.forward_s += t2 - t1
+        tm.num_steps += 1
+        tm.num_tokens += step.num_tokens
+        return logits, step.sampling_seqs
+
+    def run(self, step: StepInputs) -> torch.Tensor:
+        """The step's sampling logits ``[len(step.sampling_seqs), vocab]`` (float32, CPU)."""
+        before = _traces[0]
+        if step.kind == "mirror":
+            assert self.mirror.arrays is not None
+            fn = jitted(_mirror_decode_step, self.fast_compile, ("spec",), ("caches", "mirror"))
+            logits, self.caches, self.mirror.arrays = fn(
+                self.params, self.caches, self.mirror.arrays, step.batch, spec=self.spec
+            )
+        else:
+            raw = _decode_step if step.kind == "decode" else _mixed_step
+            fn = jitted(raw, self.fast_compile, ("spec", "block_size"), ("caches",))
+            logits, self.caches = fn(
+                self.params, self.caches, step.batch, spec=self.spec, block_size=self.block_size
+            )
+        host = np.asarray(logits)  # waits for the step
+        self.num_compilations += _traces[0] - before
+        self.step_shapes.add(step.shape_key)
+        # a fancy-indexed copy: writable (the sampler may edit logits in place) and only the sampling rows
+        return torch.from_numpy(host[step.sample_rows])
+
+    def warmup(self) -> None:
+        """Compile the smallest decode and prefill shapes (every row padding: they write only the scratch
+        block and free mirror rows), so a first short request does not wait for both."""
+        rows, width, scratch = MIN_SEQS, self.builder.min_width, self.num_blocks
+        if self.mirror.nbytes(rows, width) <= self.mirror.max_bytes:
+            self.mirror.allocate(rows, width)
+            zeros = np.zeros(rows, dtype=np.int32)
+            decode = {"ids": zeros, "positions": zeros, "slots": np.full(rows, self.builder.scratch_slot, np.int32),
+                      "context_lens": np.ones(rows, dtype=np.int32)}  # fmt: skip
+            self.run(StepInputs("mirror", decode, np.zeros(0, dtype=np.int64), [], 0))
+        tokens = np.zeros(MIN_TOKENS, dtype=np.int32)
+        mixed = {
+            "ids": tokens,
+            "positions": tokens,
+            "slots": np.full(MIN_TOKENS, self.builder.scratch_slot, dtype=np.int32),
+            "dec_rows": np.zeros(0, dtype=np.int32),
+            "dec_tables": np.zeros((0, width), dtype=np.int32),
+            "dec_ctx": np.zeros(0, dtype=np.int32),
+            "pre_rows": np.zeros((1, MIN_TOKENS), dtype=np.int32),
+            "pre_tables": np.full((1, width), scratch, dtype=np.int32),
+            "pre_ctx": np.ones(1, dtype=np.int32),
+            "pre_start": np.zeros(1, dtype=np.int32),
+            "out_rows": tokens,
+            "sample_rows": np.zeros(1, dtype=np.int32),
+        }
+        self.run(StepInputs("mixed", mixed, np.zeros(0, dtype=np.int64), [], 0))
+
+
+def make_runner(
+    model: PagedCausalLM,
+    model_config: ModelConfig,
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> JaxRunner:
+    """The entry point :func:`app.engine.frameworks.build_runner` calls."""
+    return JaxRunner(
+        model,
+        model_config,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+
+
+# ---- layer by layer --------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _layer_outputs(params: Params, ids: Array, *, spec: ModelSpec) -> dict[str, Array]:
+    collect: list[Array] = []
+    positions = jnp.arange(ids.shape[0], dtype=jnp.int32)
+    x = forward(
+        params, spec, ids, positions, lambda _, q, k, v: causal_attention(q, k, v, spec.scale), collect
+    )
+    normed = final_norm(params, spec, x)
+    out = {"embeddings": collect[0]}
+    out.update({f"block.{i}": h for i, h in enumerate(collect[1:])})
+    out["final_norm"] = normed
+    out["logits"] = normed @ params["head"]
+    return out
+
+
+def layer_outputs(
+    model: PagedCausalLM, model_config: ModelConfig, token_ids: list[int]
+) -> dict[str, np.ndarray]:
+    """One sequence through the JAX model, no cache: float32 ``"embeddings"``, ``"block.{i}"`` (the residual
+    stream after block ``i``), ``"final_norm"`` (``[T, hidden]``) and ``"logits"`` (``[T, vocab]``)."""
+    if not token_ids:
+        raise ValueError("layer_outputs needs at least one token")
+    spec = ModelSpec.from_config(model_config)
+    params = params_from_torch(model, model_config)
+    outputs = _layer_outputs(params, jnp.asarray(token_ids, dtype=jnp.int32), spec=spec)
+    return {name: np.array(value, dtype=np.float32) for name, value in outputs.items()}

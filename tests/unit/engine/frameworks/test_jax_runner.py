@@ -1,0 +1,185 @@
+"""The JAX runner on the engine's shared core: token-exact with transformers (and the torch runner on the default
+model), float32 logits within 1e-3, prefix caching, chunked prefill, preemption, and bounded compilations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("jax")
+
+from app.engine import LLMEngine, SamplingParams
+from app.engine.frameworks.jax.runner import JaxRunner, bucket, layer_outputs
+from tests.support.engine_models import TINY_CONFIGS, TINY_NAMES, build_hf_model, hf_greedy, save_hf_model
+from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
+
+NEW_TOKENS = 24
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def tokens(outputs: list[Any]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """name -> (HF folder, the transformers model saved there)."""
+    root = tmp_path_factory.mktemp("jax_runner_models")
+    out: dict[str, tuple[Path, Any]] = {}
+    for name, spec in TINY_CONFIGS.items():
+        model = build_hf_model(name)
+        out[name] = (save_hf_model(model, root / name, spec.get("shard")), model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny: dict[str, tuple[Path, Any]]) -> dict[str, tuple[Any, Any, Any]]:
+    from app.engine.loading import load_model
+
+    return {name: load_model(folder) for name, (folder, _) in tiny.items()}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """The transformers reference runs tiny models: intra-op threads only cost (see runtime/conftest.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def make_engine(loaded: dict[str, tuple[Any, Any, Any]]) -> Callable[..., LLMEngine]:
+    """``make_engine(name="llama_gqa_llama3", **options)``: a jax engine with its own KV cache."""
+
+    def make(name: str = "llama_gqa_llama3", **kwargs: Any) -> LLMEngine:
+        model, tokenizer, config = loaded[name]
+        kwargs.setdefault("kv_cache_memory_bytes", 1 << 22)
+        kwargs.setdefault("seed", 0)
+        return LLMEngine.from_loaded(model, tokenizer, config, framework="jax", **kwargs)
+
+    return make
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_greedy_matches_transformers(name: str, tiny: dict[str, tuple[Path, Any]]) -> None:
+    folder, hf = tiny[name]
+    engine = LLMEngine(str(folder), framework="jax", kv_cache_memory_bytes=1 << 22)  # the public path
+    assert isinstance(engine.runner, JaxRunner) and engine.runner.framework == "jax"
+    prompts = random_prompts(6, 2, 40, seed=1)
+    alone = engine.generate(prompts[:1], GREEDY)
+    batch = engine.generate(prompts, GREEDY)
+    assert [o.prompt_token_ids for o in batch] == prompts  # input order
+    references = [hf_greedy(hf, prompt, NEW_TOKENS)[0] for prompt in prompts]
+    assert tokens(alone) == references[:1]
+    assert tokens(batch) == references
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_logits_within_1e3_of_transformers(
+    name: str, tiny: dict[str, tuple[Path, Any]], loaded: dict[str, tuple[Any, Any, Any]], make_engine: Any
+) -> None:
+    _, hf = tiny[name]
+    model, _, config = loaded[name]
+    prompt = random_prompts(1, 30, 30, seed=9)[0]
+    with torch.no_grad():
+        reference = hf(torch.tensor([prompt])).logits[0].float().numpy()
+    points = layer_outputs(model, config, prompt)
+    assert points["logits"].shape == reference.shape and points["logits"].dtype == np.float32
+    assert np.abs(points["logits"] - reference).max() < 1e-3
+    assert [k for k in points if k.startswith("block.")] == [f"block.{i}" for i in range(config.num_layers)]
+    for key in ("embeddings", "final_norm", *(f"block.{i}" for i in range(config.num_layers))):
+        assert points[key].shape == (len(prompt), config.hidden_size)
+    # the paged runner's logits, through the engine's logprobs of the first sampled token
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    [out] = make_engine(name).generate([prompt], params)
+    expected = torch.log_softmax(torch.from_numpy(reference[-1]), -1)
+    first = out.outputs[0].logprobs[0]
+    for token_id, value in first.items():
+        assert abs(value - float(expected[token_id])) < 1e-3
+
+
+def test_prefix_caching_same_tokens_and_hits(make_engine: Callable[..., LLMEngine]) -> None:
+    with_cache, without, cached, plain = with_and_without_prefix_cache(make_engine, GREEDY)
+    assert tokens(with_cache) == tokens(without)
+    assert cached.get_stats().prefix_cache_hits >= 5 * 40  # later requests reuse the prefix's 5 full blocks
+    assert all(o.num_cached_tokens == 40 for o in with_cache[1:])
+    assert plain.get_stats().prefix_cache_hits == 0
+
+
+@pytest.mark.parametrize("name", ["llama_mqa_tied_linear", "gpt2"])
+def test_chunked_prefill_and_preemption_same_tokens(name: str, make_engine: Callable[..., LLMEngine]) -> None:
+    prompts = random_prompts(8, 8, 30, seed=5)
+    reference = tokens(make_engine(name, block_size=4).generate(prompts, GREEDY))
+    chunked = make_engine(name, block_size=4, max_num_batched_tokens=7)
+    assert tokens(chunked.generate(prompts, GREEDY)) == reference
+    cfg = chunked.model_config
+    per_block = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * cfg.head_dim * 4
+    tight = make_engine(name, block_size=4, kv_cache_memory_bytes=24 * per_block)  # 8 x 54 tokens do not fit
+    assert tokens(tight.generate(prompts, GREEDY)) == reference
+    assert tight.get_stats().num_preemptions > 0
+    assert tight.block_manager.num_free_blocks == tight.block_manager.num_blocks
+
+
+def test_paged_decode_path_same_tokens(make_engine: Callable[..., LLMEngine]) -> None:
+    """Without the decode mirror (no room for it) every decode reads the paged cache: the same tokens."""
+    prompts = random_prompts(5, 3, 40, seed=11)
+    reference = tokens(make_engine().generate(prompts, GREEDY))
+    engine = make_engine()
+    runner = engine.runner
+    assert isinstance(runner, JaxRunner)
+    runner.mirror.max_bytes = 0
+    runner.mirror.release()
+    assert tokens(engine.generate(prompts, GREEDY)) == reference
+    assert runner.mirror.arrays is None and any(key[0] == "decode" for key in runner.step_shapes)
+
+
+def test_compilations_stay_bounded(make_engine: Callable[..., LLMEngine]) -> None:
+    engine = make_engine("llama_mqa_tied_linear", max_num_seqs=32)
+    runner = engine.runner
+    assert isinstance(runner, JaxRunner)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    batches = [random_prompts(size, 4, 12, seed=size) for size in range(1, 21)]
+    for prompts in batches:  # 20 batch sizes, each a prefill step then decodes
+        engine.generate(prompts, params)
+    shapes = len(runner.step_shapes)
+    assert shapes <= 16, sorted(runner.step_shapes)
+    assert runner.num_compilations <= shapes + 8  # the steps' shapes and the mirror's refills
+    before = runner.num_compilations
+    for size in (3, 11, 17):  # shapes already seen (the prompts are shorter than a block: nothing cached)
+        engine.generate(batches[size - 1], params)
+    assert runner.num_compilations == before
+
+
+def test_bucket() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    assert bucket(3, 8) == 8 and bucket(0, 1) == 1
+
+
+@pytest.mark.slow
+def test_default_model_same_tokens_as_torch() -> None:
+    from app.engine.loading import default_model_path, load_model
+
+    try:
+        source = default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    model, tokenizer, config = load_model(source)
+    conversations = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": "Write a haiku about the sea."}],
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    options: dict[str, Any] = dict(kv_cache_memory_bytes=1 << 27, max_model_len=512, seed=0)
+    torch_engine = LLMEngine.from_loaded(model, tokenizer, config, quantization="none", **options)
+    expected = tokens(torch_engine.chat(conversations, params))
+    jax_engine = LLMEngine.from_loaded(model, tokenizer, config, framework="jax", **options)
+    outputs = jax_engine.chat(conversations, params)
+    assert tokens(outputs) == expected
+    assert "Paris" in outputs[0].outputs[0].text
