@@ -24,7 +24,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, StrictInt, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -216,7 +224,97 @@ def check_pooler_config(value: Any) -> dict[str, Any] | None:
     return {"pooling_type": pooling.upper(), "normalize": normalize}
 
 
-class Settings(BaseSettings):
+class EngineArgs(BaseModel):
+    """The native engine's arguments, vLLM's engine arguments among them with vLLM's names and meanings (``inf-engine
+    serve --max-model-len ...``): a part of :class:`Settings` (``INF_ENGINE_<NAME>``), kept apart for its size."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Native engine weights: 'auto' = bfloat16 for a 16-bit or GGUF checkpoint on CUDA or a CPU "
+        "with AVX512-BF16 (products in bfloat16, activations in float32 on CPU), float32 otherwise",
+    )
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU), or bfloat16 for "
+        "bfloat16 weights on a CPU with AVX512-BF16, whose attention reads bfloat16 values",
+    )
+    framework: Literal["torch", "jax", "tinygrad"] = Field(
+        default="torch",
+        description="Native engine: the model runner's framework on the shared engine core: torch (the engine's "
+        "own), jax or tinygrad (float32 on CPU; pip install 'inf-engine[jax]' or 'inf-engine[tinygrad]')",
+    )
+    enforce_eager: bool = Field(
+        default=False,
+        description="Native engine on CUDA: run every decode step eagerly instead of replaying CUDA graphs",
+    )
+    # vLLM's engine arguments, with vLLM's names and meanings (``inf-engine serve --max-model-len ...``)
+    max_model_len: int | None = Field(
+        default=None, ge=1,
+        description="Context length served (prompt + output tokens); unset = the model's (capped by the KV cache). "
+        "Takes 4096, or vLLM's shorthands 4k (4000) and 4K (4096)",
+    )
+    max_num_seqs: int = Field(default=256, ge=1, description="Native engine: most sequences in one step")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Native engine: token budget of one step; unset = 2048 (or max_model_len where larger and "
+        "prefill cannot be chunked)",
+    )
+    block_size: Literal[1, 8, 16, 32, 64, 128] = Field(
+        default=16, description="Native engine: tokens per KV-cache block (vLLM's choices)"
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="Native engine: reuse the KV blocks of prompts' shared prefixes"
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="Chat template for /v1/chat/completions instead of the model's: a Jinja file, or the template "
+        "itself (as vLLM's --chat-template)",
+    )
+    seed: int | None = Field(
+        default=None, ge=0, description="Seeds sampling for requests that give no seed of their own"
+    )
+    quantization: Literal["none", "int8", "gguf"] | None = Field(
+        default=None,
+        description="Native engine: unset = per CPU class (a GGUF model on a CPU without bfloat16 products keeps "
+        "its Q4 blocks for steps of few rows beside float32 weights for the larger ones); 'none' = the weights as "
+        "loaded; 'int8' = weight-only int8 products (per-channel scales); 'gguf' = a GGUF model's own Q4_0/Q4_1 "
+        "blocks for every step (4-bit products, CPU)",
+    )
+    speculative_config: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Native engine speculative decoding, vLLM's keys as a JSON object, e.g. "
+            '{"method": "ngram", "num_speculative_tokens": 4} or '
+            '{"method": "draft_model", "model": "/path/to/draft", "num_speculative_tokens": 4}; unset = off '
+            "(checked when the engine starts)"
+        ),
+    )
+    pooler_config: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Native engine: the chat model also answers /v1/embeddings, pooling its final hidden states (after "
+            'the final norm), vLLM\'s keys as a JSON object: {"pooling_type": "LAST" or "MEAN", "normalize": true}; '
+            "unset = the chat model does not pool"
+        ),
+    )
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _vllm_dtype_names(cls, value: Any) -> Any:
+        return _VLLM_DTYPE_NAMES.get(value, value) if isinstance(value, str) else value
+
+    @field_validator("max_model_len", "max_num_batched_tokens", "block_size", mode="before")
+    @classmethod
+    def _token_counts(cls, value: Any) -> Any:
+        return token_count(value)
+
+    @field_validator("pooler_config", mode="before")
+    @classmethod
+    def _pooler(cls, value: Any) -> Any:
+        return check_pooler_config(value)
+
+
+class Settings(EngineArgs, BaseSettings):
     """Process-wide configuration; validated at start so a bad value fails fast with its name."""
 
     model_config = SettingsConfigDict(env_prefix="INF_ENGINE_", extra="ignore", validate_default=True)
@@ -291,75 +389,6 @@ class Settings(BaseSettings):
         default=128,
         ge=1,
         description="Native engine, bucketed batching: prompt-length bucket width in tokens",
-    )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto",
-        description="Native engine weights: 'auto' = bfloat16 for a 16-bit or GGUF checkpoint on CUDA or a CPU "
-        "with AVX512-BF16 (products in bfloat16, activations in float32 on CPU), float32 otherwise",
-    )
-    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto",
-        description="Native engine KV cache: 'auto' = the activations' dtype (float32 on CPU), or bfloat16 for "
-        "bfloat16 weights on a CPU with AVX512-BF16, whose attention reads bfloat16 values",
-    )
-    framework: Literal["torch", "jax", "tinygrad"] = Field(
-        default="torch",
-        description="Native engine: the model runner's framework on the shared engine core: torch (the engine's "
-        "own), jax or tinygrad (float32 on CPU; pip install 'inf-engine[jax]' or 'inf-engine[tinygrad]')",
-    )
-    enforce_eager: bool = Field(
-        default=False,
-        description="Native engine on CUDA: run every decode step eagerly instead of replaying CUDA graphs",
-    )
-    # vLLM's engine arguments, with vLLM's names and meanings (``inf-engine serve --max-model-len ...``)
-    max_model_len: int | None = Field(
-        default=None, ge=1,
-        description="Context length served (prompt + output tokens); unset = the model's (capped by the KV cache). "
-        "Takes 4096, or vLLM's shorthands 4k (4000) and 4K (4096)",
-    )
-    max_num_seqs: int = Field(default=256, ge=1, description="Native engine: most sequences in one step")
-    max_num_batched_tokens: int | None = Field(
-        default=None, ge=1,
-        description="Native engine: token budget of one step; unset = 2048 (or max_model_len where larger and "
-        "prefill cannot be chunked)",
-    )
-    block_size: Literal[1, 8, 16, 32, 64, 128] = Field(
-        default=16, description="Native engine: tokens per KV-cache block (vLLM's choices)"
-    )
-    enable_prefix_caching: bool = Field(
-        default=True, description="Native engine: reuse the KV blocks of prompts' shared prefixes"
-    )
-    chat_template: str | None = Field(
-        default=None,
-        description="Chat template for /v1/chat/completions instead of the model's: a Jinja file, or the template "
-        "itself (as vLLM's --chat-template)",
-    )
-    seed: int | None = Field(
-        default=None, ge=0, description="Seeds sampling for requests that give no seed of their own"
-    )
-    quantization: Literal["none", "int8", "gguf"] | None = Field(
-        default=None,
-        description="Native engine: unset = per CPU class (a GGUF model on a CPU without bfloat16 products keeps "
-        "its Q4 blocks for steps of few rows beside float32 weights for the larger ones); 'none' = the weights as "
-        "loaded; 'int8' = weight-only int8 products (per-channel scales); 'gguf' = a GGUF model's own Q4_0/Q4_1 "
-        "blocks for every step (4-bit products, CPU)",
-    )
-    speculative_config: dict[str, Any] | None = Field(
-        default=None,
-        description=(
-            "Native engine speculative decoding, vLLM's keys as a JSON object, e.g. "
-            '{"method": "ngram", "num_speculative_tokens": 4} or '
-            '{"method": "draft_model", "model": "/path/to/draft", "num_speculative_tokens": 4}; unset = off '
-            "(checked when the engine starts)"
-        ),
-    )
-    pooler_config: dict[str, Any] | None = Field(
-        default=None,
-        description=(
-            "Native engine: the chat model also answers /v1/embeddings, pooling its final hidden states (after "
-            'the final norm), vLLM\'s keys as a JSON object: {"pooling_type": "LAST" or "MEAN", "normalize": true}; '
-            "unset = the chat model does not pool"
-        ),
     )
     cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS; empty = none")
     health_stall_seconds: float = Field(
@@ -582,21 +611,6 @@ class Settings(BaseSettings):
     @classmethod
     def _plain_lists(cls, value: Any, info: ValidationInfo) -> Any:
         return _plain_list(cls.model_fields.get(info.field_name or ""), value)
-
-    @field_validator("dtype", mode="before")
-    @classmethod
-    def _vllm_dtype_names(cls, value: Any) -> Any:
-        return _VLLM_DTYPE_NAMES.get(value, value) if isinstance(value, str) else value
-
-    @field_validator("max_model_len", "max_num_batched_tokens", "block_size", mode="before")
-    @classmethod
-    def _token_counts(cls, value: Any) -> Any:
-        return token_count(value)
-
-    @field_validator("pooler_config", mode="before")
-    @classmethod
-    def _pooler(cls, value: Any) -> Any:
-        return check_pooler_config(value)
 
     @field_validator("tenant_weights")
     @classmethod

@@ -272,6 +272,19 @@ def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.
 
 
 
+def _make_runner(config: EngineConfig, model: PagedCausalLM, model_config: ModelConfig, num_blocks: int,
+                 kv_cache_dtype: torch.dtype, device: torch.device, scheduler: Scheduler) -> ModelRunner | FrameworkRunner:
+    """The engine's own PyTorch runner, or the jax / tinygrad one (app.engine.frameworks)."""
+    if config.framework != "torch":
+        return build_runner(config.framework, model, model_config, num_blocks=num_blocks,
+                            block_size=config.block_size, max_model_len=scheduler.max_model_len,
+                            max_num_seqs=config.max_num_seqs,
+                            max_num_batched_tokens=scheduler.config.max_num_batched_tokens)
+    return ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size, dtype=kv_cache_dtype,
+                       device=device, cuda_graphs=not config.enforce_eager, max_graph_batch=config.max_num_seqs,
+                       max_model_len=scheduler.max_model_len)
+
+
 def _engine_config(
     model: str | Path | None, config: EngineConfig | None, kwargs: dict[str, Any]
 ) -> EngineConfig:
@@ -371,29 +384,8 @@ class LLMEngine:
         self.max_model_len = self.scheduler.max_model_len
         self.framework = config.framework
         self._model = model
-        self.runner: ModelRunner | FrameworkRunner
-        if config.framework == "torch":
-            self.runner = ModelRunner(
-                model,
-                num_blocks=num_blocks,
-                block_size=config.block_size,
-                dtype=self.kv_cache_dtype,
-                device=device,
-                cuda_graphs=not config.enforce_eager,
-                max_graph_batch=config.max_num_seqs,
-                max_model_len=self.max_model_len,
-            )
-        else:
-            self.runner = build_runner(
-                config.framework,
-                model,
-                model_config,
-                num_blocks=num_blocks,
-                block_size=config.block_size,
-                max_model_len=self.max_model_len,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=self.scheduler.config.max_num_batched_tokens,
-            )
+        self.runner = _make_runner(config, model, model_config, num_blocks, self.kv_cache_dtype, device,
+                                   self.scheduler)
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
         self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids, max_model_len=self.max_model_len)
         self.spec_decoder = self._make_spec_decoder(spec, num_blocks) if spec else None
