@@ -134,11 +134,17 @@ def test_torch_path_is_used_with_the_kernel_off() -> None:
 
 
 @needs_kernel
-@pytest.mark.skipif(not bf16_attention_supported(), reason="needs AVX512-BF16 (the kernel's bfloat16 mode)")
-def test_bf16_batch_equals_each_sequence_alone(two_threads: None) -> None:
-    """A bfloat16 model's decode over many sequences of mixed lengths: each thread claims its next sequence
-    before it runs the current one and fetches that one's blocks meanwhile. None of it changes a number: the
-    batch gives each sequence exactly what a call with that sequence alone gives (one kv head per task)."""
+@pytest.mark.parametrize("dtype", [
+    torch.float32,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        not bf16_attention_supported(), reason="needs AVX512-BF16 (the kernel's bfloat16 mode)")),
+], ids=["f32", "bf16"])
+def test_batch_equals_each_sequence_alone(two_threads: None, dtype: torch.dtype) -> None:
+    """A decode over many sequences of mixed lengths (float32, and a bfloat16 model's where the CPU has the
+    kernel's bfloat16 mode): each thread claims its next sequence before it runs the current one and fetches that
+    one's blocks meanwhile. None of it changes a number: the batch gives each sequence exactly what a call with
+    that sequence alone gives (one kv head per task)."""
+    bf16 = dtype == torch.bfloat16
     gen = torch.Generator().manual_seed(11)
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
     lens = [1, 17, 300, 16, 45, 129, 2, 250, 33, 64, 5, 190]
@@ -151,17 +157,17 @@ def test_bf16_batch_equals_each_sequence_alone(two_threads: None) -> None:
     for i, n in enumerate(need):
         tables[i, :n] = order[at : at + n]
         at += n
-    cache = zeroed_mapping((2, num_blocks, block_size, kv_heads, head_dim), torch.bfloat16)
+    cache = zeroed_mapping((2, num_blocks, block_size, kv_heads, head_dim), dtype)
     cache.copy_(torch.randn(cache.shape, generator=gen))
-    query = torch.randn(len(lens), heads, head_dim, generator=gen).bfloat16()
+    query = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
     ctx = torch.tensor(lens, dtype=torch.int64)
     scale = head_dim**-0.5
-    batch = torch.empty(len(lens), heads * head_dim, dtype=torch.bfloat16)
-    assert paged_decode_attention(query, cache, tables, ctx, max(lens), None, scale, batch, bf16_values=True)
+    batch = torch.empty(len(lens), heads * head_dim, dtype=dtype)
+    assert paged_decode_attention(query, cache, tables, ctx, max(lens), None, scale, batch, bf16_values=bf16)
     for i, n in enumerate(lens):
-        alone = torch.empty(1, heads * head_dim, dtype=torch.bfloat16)
+        alone = torch.empty(1, heads * head_dim, dtype=dtype)
         args = (query[i : i + 1], cache, tables[i : i + 1].contiguous(), ctx[i : i + 1], n, None, scale, alone)
-        assert paged_decode_attention(*args, bf16_values=True)
+        assert paged_decode_attention(*args, bf16_values=bf16)
         assert torch.equal(batch[i], alone[0]), f"sequence {i} (context {n})"
 
 
