@@ -55,7 +55,8 @@ def create_app(
     learning = LearningRuntime(jobs)  # trainings and evaluations, on the jobs' database and endpoints
     readiness = Readiness(jobs)  # /ready: the jobs database reachable and at the schema's head
     metrics = ServingMetrics(backend.served_model_name, backend.stats)
-    metrics.registry.register(platform_collector(settings, jobs))  # inf_engine_* (jobs, queues, workers)
+    platform = platform_collector(settings, jobs)  # inf_engine_* (jobs, queues, workers), from one replica
+    metrics.registry.register(platform)
     embeddings = (EmbeddingService(settings.embedding_model, num_threads=settings.num_threads)
                   if settings.embedding_model else None)
     if settings.pooler_config is not None and not backend.supports_hidden_states:
@@ -77,6 +78,7 @@ def create_app(
             await learning.start_if_configured()
             yield
         finally:
+            platform.close()  # another replica exports the cluster-wide series from its next scrape
             await readiness.stop()
             await learning.stop()
             await jobs.stop()

@@ -11,7 +11,7 @@ from redis import Redis
 
 from app.db import JobStatus
 from app.db.repository.platform_stats import job_status_counts, tenant_item_counts
-from app.jobs.distributed.monitoring import JobCounts, PlatformCollector
+from app.jobs.distributed.monitoring import ExportLeader, JobCounts, PlatformCollector
 from app.jobs.runtime import JobsRuntime
 from app.jobs.tenants import ANONYMOUS, KeyRing
 from app.settings import Settings
@@ -68,5 +68,8 @@ def platform_collector(settings: Settings, jobs: JobsRuntime) -> PlatformCollect
     queues = {name: queue_keys(settings, name) for name in Queues.from_prefix(settings.celery_queue_prefix).all()}
     ring = KeyRing(settings.api_keys)
     tenants = sorted({ANONYMOUS} if ring.open else {entry.tenant for entry in ring.entries})  # shown even when idle
-    return PlatformCollector(job_counts, redis, settings.redis_prefix, queues, [s.value for s in JobStatus], tenants)
+    # several API replicas share the database and Redis: only the holder of this lock exports what they share
+    leader = ExportLeader(redis, f"{settings.redis_prefix}:metrics:leader") if settings.redis_url else None
+    return PlatformCollector(job_counts, redis, settings.redis_prefix, queues, [s.value for s in JobStatus], tenants,
+                             leader)
 

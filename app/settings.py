@@ -535,6 +535,15 @@ class Settings(EngineArgs, BaseSettings):
         ge=1,
         description="Tasks an --engine worker feeds its one in-process engine at once (threads)",
     )
+    worker_metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of `inf-engine worker`'s own /metrics (its engine's vllm:* series, its tasks); unset = none",
+    )
+    worker_metrics_address: str = Field(
+        default="0.0.0.0", min_length=1, description="Address the worker's /metrics binds"
+    )
     flower_address: str = Field(
         default="127.0.0.1", min_length=1, description="Address `inf-engine flower` binds"
     )

@@ -1,7 +1,7 @@
 """Celery signal hooks of every worker and beat process: inf-engine's JSON logs (``app.logs``) with the task and
-job ids of the task a line belongs to, and the worker's announcement of the queues it consumes
-(``app.jobs.distributed.presence``). Imported by ``workers.celery_app``, so ``celery -A workers.celery_app`` gets
-them too."""
+job ids of the task a line belongs to, the worker's announcement of the queues it consumes
+(``app.jobs.distributed.presence``) and its own ``/metrics`` (``app.jobs.distributed.worker_metrics``). Imported by
+``workers.celery_app``, so ``celery -A workers.celery_app`` gets them too."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from redis import Redis
 
 from app import logs
 from app.jobs.distributed.presence import WorkerPresence
+from app.jobs.distributed.worker_metrics import MetricsServer, worker_metrics
 from app.settings import Settings, get_settings
 
 
@@ -64,3 +65,35 @@ def announce_queues(settings: Settings, queues: Sequence[str], concurrency: int 
 
     worker_ready.connect(ready, weak=False)
     worker_shutdown.connect(shutdown, weak=False)
+
+
+def serve_metrics(
+    settings: Settings, *, role: str, pool: str, queues: Sequence[str], slots: int
+) -> MetricsServer | None:
+    """Serve this worker's ``/metrics`` on ``worker_metrics_address:worker_metrics_port`` (None: the port is not
+    set) until the worker shuts down; an engine worker's also carry its engine's ``vllm:*`` series. Raises
+    OSError when the port is taken."""
+    if settings.worker_metrics_port is None:
+        return None
+    metrics = worker_metrics()
+    metrics.describe(role=role, pool=pool, queues=queues, slots=slots)
+    if role == "engine":
+        metrics.host_engines()
+
+    def started(task: Any = None, **_: Any) -> None:
+        metrics.task_started(getattr(task, "name", None) or "unknown")
+
+    def finished(task: Any = None, state: str | None = None, **_: Any) -> None:
+        metrics.task_finished(getattr(task, "name", None) or "unknown", state or "UNKNOWN")
+
+    server = MetricsServer(metrics.registry, settings.worker_metrics_address, settings.worker_metrics_port)
+
+    def shutdown(**_: Any) -> None:
+        for signal, receiver in ((task_prerun, started), (task_postrun, finished), (worker_shutdown, shutdown)):
+            signal.disconnect(receiver)
+        server.close()
+
+    task_prerun.connect(started, weak=False)
+    task_postrun.connect(finished, weak=False)
+    worker_shutdown.connect(shutdown, weak=False)
+    return server

@@ -17,6 +17,7 @@ from app.jobs.distributed import Endpoints, NodePolicy, NodeWorker
 from app.jobs.distributed.monitoring import BufferedRecorder
 from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import build_node_worker, endpoints_of, node_policy
+from app.jobs.distributed.worker_metrics import worker_metrics
 from app.jobs.endpoints import EndpointResolver
 from app.jobs.learning.worker import LearningWorker
 from app.settings import Settings, get_settings
@@ -92,7 +93,7 @@ def node_worker(celery: Any) -> NodeWorker:
                     CeleryDispatcher(celery, settings),
                     engine_host().submit,
                     resources_for=resources,
-                    observe=_quietly(recorder.node_finished),
+                    observe=_quietly(_both(recorder.node_finished, worker_metrics().node_finished)),
                     max_calls=_max_calls,
                 )
     return _worker
@@ -109,6 +110,16 @@ def sweeper_parts(celery: Any) -> tuple[SessionFactory, CeleryDispatcher, Endpoi
                 _sweeper = (worker.sessions, CeleryDispatcher(celery, settings), endpoints_of(settings),
                             node_policy(settings))
     return _sweeper
+
+
+def _both(*records: Any) -> Any:
+    """The cluster's node latencies (Redis, exported by the API) and this worker's own (its /metrics)."""
+
+    def call(*args: Any) -> None:
+        for record in records:
+            record(*args)
+
+    return call
 
 
 def _quietly(record: Any) -> Any:

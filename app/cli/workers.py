@@ -129,11 +129,28 @@ def worker_command(
     slots = concurrency or (os.cpu_count() or 1)  # Celery's default: one process per CPU
     # what beat and /health read to find the sweeper's consumers, and the dispatch windows their size
     announce_queues(settings, names, slots)
+    _serve_metrics(settings, role=role, pool=pool, queues=names, slots=slots)
     sweeper = _sweeper_queue(settings)
     if sweeper not in names:
         log.warning("this worker does not consume %s (the sweeper's queue): start another worker that does", sweeper)
     log.info("worker consuming %s (%s, concurrency %s)", ", ".join(names), pool, concurrency or "per CPU")
     celery.worker_main(argv)
+
+
+def _serve_metrics(settings: Any, *, role: str, pool: str, queues: list[str], slots: int) -> None:
+    """The worker's own /metrics (INF_ENGINE_WORKER_METRICS_PORT): its engine's vllm:* series and its tasks'."""
+    from workers.observability import serve_metrics
+
+    where = f"{settings.worker_metrics_address}:{settings.worker_metrics_port}"
+    try:
+        server = serve_metrics(settings, role=role, pool=pool, queues=queues, slots=slots)
+    except OSError as exc:
+        raise fail(f"cannot serve the worker's /metrics on {where} (INF_ENGINE_WORKER_METRICS_PORT): {exc}") from None
+    if server is not None:
+        log.info("worker metrics on http://%s/metrics", where)
+        if pool == "prefork":
+            log.warning("--pool prefork: the tasks run in child processes, whose task series /metrics does not see "
+                        "(the thread pool counts them)")
 
 
 def _json_logs(level: str, service: str) -> None:

@@ -63,6 +63,7 @@ __all__ = [
     "PROVIDER",
     "EmbeddedEngine",
     "EmbeddedEngineClient",
+    "embedded_engines",
     "embedded_resources",
     "get_embedded_engine",
     "register_embedded_engine",
@@ -118,6 +119,12 @@ class EmbeddedEngine:
     def async_engine(self) -> Any:
         """The current ``AsyncEngine`` (None before the first request), for stats and tests."""
         return None if self._backend is None else self._backend.engine
+
+    @property
+    def started_backend(self) -> NativeBackend | None:
+        """The loop-side backend once the first request built it (None before), for an engine worker's /metrics;
+        its counters keep their values after its loop ended."""
+        return self._backend
 
     # -- weights -----------------------------------------------------------------------------------------------
 
@@ -222,6 +229,12 @@ def get_embedded_engine(model: str | None = None, **engine_options: Any) -> Embe
         if engine is None:
             engine = _ENGINES[key] = EmbeddedEngine(key, engine_options)
         return engine
+
+
+def embedded_engines() -> list[EmbeddedEngine]:
+    """The engines this process hosts (one per model named so far)."""
+    with _ENGINES_LOCK:
+        return list(_ENGINES.values())
 
 
 class EmbeddedEngineClient(LLMClient):

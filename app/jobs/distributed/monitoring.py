@@ -3,14 +3,22 @@ at scrape time and exports them on ``/metrics`` as ``inf_engine_*``.
 
 Workers are many processes on many machines, so their node latencies and rate-limit waits cannot live in one
 process's Prometheus registry: each observation is a few ``HINCRBY`` on shared hashes (one round trip).
+
+These series describe the whole cluster, not the replica that answers the scrape, so only one API replica exports
+them: the holder of a Redis lock (:class:`ExportLeader`). Every replica exports ``inf_engine_metrics_leader``
+(1 on the one that leads, 0 on the others), so the series appear once and ``sum by (...)`` -- the query people
+write -- counts each job once, however many replicas run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +108,88 @@ class BufferedRecorder:
             pipe.execute()
 
 
+_HOLD = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+class ExportLeader:
+    """Which process exports the cluster-wide series: the holder of the lock ``key`` in Redis (TTL ``ttl_s``).
+
+    :meth:`holds` is asked at scrape time: the holder answers from memory, another process tries to take the lock
+    (one round trip). The holder renews it every third of the TTL from a daemon thread, so it keeps leading
+    whatever the scrape interval; a holder that stops (:meth:`release`, at shutdown) frees it at once, one that
+    dies frees it after the TTL. While Redis is away the holder keeps leading until its TTL would have run out,
+    and nobody else can take over.
+    """
+
+    def __init__(self, redis: Callable[[], Redis | None], key: str, ttl_s: float = 30.0) -> None:
+        self._redis = redis
+        self.key = key
+        self.ttl_s = ttl_s
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._lock = threading.Lock()
+        self._held_until = 0.0  # time.monotonic() before which the lock is surely ours
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def holds(self) -> bool:
+        if time.monotonic() < self._held_until:
+            return True
+        with self._lock:
+            if self._take_or_renew():
+                if self._renewer is None or not self._renewer.is_alive() or self._stop.is_set():
+                    self._stop = threading.Event()
+                    self._renewer = threading.Thread(target=self._renew, args=(self._stop,),
+                                                     name="metrics-leader", daemon=True)
+                    self._renewer.start()
+                return True
+            return False
+
+    def _take_or_renew(self) -> bool:
+        """One round trip; False when another process holds the lock or Redis is away (then we hold what we
+        held: ``_held_until`` runs out by itself)."""
+        redis = self._redis()
+        if redis is None:
+            return False
+        started = time.monotonic()
+        try:
+            taken = bool(redis.eval(_HOLD, 1, self.key, self.token, int(self.ttl_s * 1000)))
+        except Exception as exc:
+            log.warning("cannot reach Redis for the metrics lock %s: %s", self.key, exc)
+            return time.monotonic() < self._held_until
+        self._held_until = started + self.ttl_s if taken else 0.0
+        return taken
+
+    def _renew(self, stop: threading.Event) -> None:
+        while not stop.wait(self.ttl_s / 3):
+            with self._lock:
+                if not self._take_or_renew() and time.monotonic() >= self._held_until:
+                    return  # another replica leads now; a later scrape may take the lock again
+
+    def release(self) -> None:
+        """Stop leading (at shutdown): another replica takes over at its next scrape."""
+        self._stop.set()
+        with self._lock:
+            held, self._held_until = self._held_until > 0, 0.0
+            redis = self._redis() if held else None
+            if redis is not None:
+                try:
+                    redis.eval(_RELEASE, 1, self.key, self.token)
+                except Exception as exc:  # Redis away: the lock lapses with its TTL
+                    log.warning("cannot release the metrics lock %s: %s", self.key, exc)
+
+
 @dataclass(frozen=True)
 class JobCounts:
     """From the jobs table: jobs per status, the items of all jobs that finished, per outcome, and each tenant's
@@ -113,7 +203,9 @@ class JobCounts:
 class PlatformCollector(Collector):
     """Reads everything at scrape time. ``job_counts`` returns None while the jobs database is not open;
     ``redis`` returns None without Redis; ``queues`` maps each queue name to its Redis lists; ``tenants`` are
-    shown in the per-tenant gauges even with nothing open (others only while they have open jobs)."""
+    shown in the per-tenant gauges even with nothing open (others only while they have open jobs). With a
+    ``leader``, the series are exported only while this process leads (several API replicas); without one (no
+    Redis: one process), always."""
 
     def __init__(
         self,
@@ -123,8 +215,10 @@ class PlatformCollector(Collector):
         queues: Mapping[str, Sequence[str]],
         job_statuses: Sequence[str] = (),
         tenants: Sequence[str] = (),
+        leader: ExportLeader | None = None,
     ) -> None:
         self._job_counts = job_counts
+        self._leader = leader
         self._redis = redis
         self._prefix = prefix
         self._queues = queues
@@ -132,6 +226,19 @@ class PlatformCollector(Collector):
         self._tenants = tenants
 
     def collect(self) -> Iterator[Metric]:
+        leading = True
+        if self._leader is not None:
+            try:
+                leading = self._leader.holds()
+            except Exception:  # a scrape must not fail because Redis is away
+                leading = False
+        yield GaugeMetricFamily(
+            "inf_engine_metrics_leader",
+            "1 on the API replica that exports the cluster-wide inf_engine_* series (a Redis lock), 0 on the others",
+            value=1.0 if leading else 0.0,
+        )
+        if not leading:
+            return
         yield from self._jobs()
         try:
             redis = self._redis()
@@ -142,6 +249,11 @@ class PlatformCollector(Collector):
                 yield from self._from_redis(redis)
             except Exception:  # a scrape must not fail because Redis is away
                 return
+
+    def close(self) -> None:
+        """Hand the cluster-wide series over to another replica (at shutdown)."""
+        if self._leader is not None:
+            self._leader.release()
 
     def _jobs(self) -> Iterator[Metric]:
         try:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
 from app.db.repository.platform_stats import job_status_counts
-from app.jobs.distributed.monitoring import BufferedRecorder, JobCounts, PlatformCollector
+from app.jobs.distributed.monitoring import BufferedRecorder, ExportLeader, JobCounts, PlatformCollector
 from app.jobs.submission import JobRequest, submit_job
 from tests.support.redisdb import client, temporary_prefix
 
@@ -64,7 +66,42 @@ def test_a_scrape_survives_a_missing_database_and_redis() -> None:
         raise ConnectionError("down")
 
     collector = PlatformCollector(lambda: None, down, "x", {"x.cpu": ["x:celery:x.cpu"]})  # type: ignore[arg-type]
-    assert _samples(collector) == {}
+    assert _samples(collector) == {"inf_engine_metrics_leader": {(): 1}}  # one process (no leader): it exports
+    leader = ExportLeader(down, "x:metrics:leader")  # type: ignore[arg-type]
+    collector = PlatformCollector(lambda: None, down, "x", {}, leader=leader)  # type: ignore[arg-type]
+    assert _samples(collector) == {"inf_engine_metrics_leader": {(): 0}}  # nobody can tell who leads: nothing
+
+
+def test_only_the_leading_replica_exports_the_cluster_wide_series() -> None:
+    """Two API replicas scraped alike: the jobs, queues and node latencies appear once, and when the leader stops
+    (or dies: its lock lapses) the other one takes over at its next scrape."""
+    redis = client()
+    with temporary_prefix("infe_leader") as prefix:
+        counts = JobCounts({"running": 2}, {"completed": 7})
+        key = f"{prefix}:metrics:leader"
+        leaders = [ExportLeader(lambda: redis, key, ttl_s=1.5) for _ in range(2)]
+        replicas = [PlatformCollector(lambda: counts, lambda: redis, prefix, {}, leader=leader) for leader in leaders]
+        try:
+            first, second = (_samples(replica) for replica in replicas)
+            assert first["inf_engine_metrics_leader"] == {(): 1} and second["inf_engine_metrics_leader"] == {(): 0}
+            assert first["inf_engine_jobs"][(("status", "running"),)] == 2
+            assert "inf_engine_jobs" not in second and "inf_engine_items_done_total" not in second
+            time.sleep(2.0)  # longer than the TTL: the leader's thread renewed it, so it still leads
+            assert [_samples(r)["inf_engine_metrics_leader"][()] for r in replicas] == [1, 0]
+            assert redis.get(key) == leaders[0].token.encode()
+
+            replicas[0].close()  # the leader shuts down: the lock is freed at once
+            assert redis.get(key) is None
+            assert [_samples(r)["inf_engine_metrics_leader"][()] for r in reversed(replicas)] == [1, 0]
+            assert _samples(replicas[1])["inf_engine_items_done_total"][(("status", "completed"),)] == 7
+
+            leaders[1]._stop.set()  # the new leader dies without releasing: another takes over after the TTL
+            time.sleep(2.0)
+            assert _samples(replicas[0])["inf_engine_metrics_leader"] == {(): 1}
+        finally:
+            for replica in replicas:
+                replica.close()
+    redis.close()
 
 
 def test_job_counts_group_jobs_by_status(db: Session) -> None:
