@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ def test_compose_services_run_cli_commands() -> None:
     services = compose["services"]
     assert set(services) == {
         "postgres", "redis", "migrate", "api", "worker", "engine-worker", "engine-worker-gpu", "beat", "flower",
+        "prometheus", "grafana",
     }
     roles = {
         name: _inf_engine_command(s["command"])
@@ -82,11 +81,13 @@ def test_kustomization_lists_every_manifest() -> None:
     files = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
     assert kustomization["namespace"] == "inf-engine"
-    # deploy/k8s (kubectl apply -k deploy/k8s) is the base as it is: the CPU profile
+    # deploy/k8s (kubectl apply -k deploy/k8s) is the base as it is, with the generated Secrets: the CPU profile
     top = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert top["resources"] == ["base"]
-    assert set(top) == {"apiVersion", "kind", "resources"}
+    assert top["components"] == ["secrets"]
+    assert set(top) == {"apiVersion", "kind", "resources", "components"}
     assert {p.name for p in K8S.glob("*.yaml")} == {"kustomization.yaml"}  # no manifest left outside base/
+    assert not any(d["kind"] == "Secret" for d in _k8s_documents())  # no committed Secret: they are generated
 
 
 # -- kustomize: no kustomization may list a folder above it ---------------------------------------------------------
@@ -134,35 +135,21 @@ def test_the_cycle_check_would_catch_an_overlay_of_its_parent(tmp_path: Path) ->
     assert _kustomization_cycles(tmp_path) == ["gpu: .. contains a folder being built (a cycle)"]
 
 
-def _kustomize_command() -> list[str] | None:
-    if kubectl := shutil.which("kubectl"):
-        return [kubectl, "kustomize"]
-    if kustomize := shutil.which("kustomize"):
-        return [kustomize, "build"]
-    return None
-
-
-def _render(folder: Path) -> list[dict[str, Any]]:
-    command = _kustomize_command()
-    if command is None:
-        pytest.skip("neither kubectl nor kustomize is installed")
-    result = subprocess.run([*command, str(folder)], capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, f"{' '.join(command)} {folder}: {result.stderr}"
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
 def _by_key(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-def test_both_kustomizations_render_and_gpu_changes_only_the_engine_worker() -> None:
+def test_both_kustomizations_render_and_gpu_changes_only_the_engine_worker(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     """`kubectl kustomize deploy/k8s` and `deploy/k8s/gpu` build (what `kubectl apply -k` runs first)."""
     import kubernetes_validate
 
-    cpu = _by_key(_render(K8S))
-    gpu = _by_key(_render(K8S / "gpu"))
+    cpu = _by_key(rendered["cpu"])
+    gpu = _by_key(rendered["gpu"])
     manifests = [d for d in _k8s_documents() if d["kind"] != "Kustomization"]
-    assert set(cpu) == set(gpu) == set(_by_key(manifests))
+    secrets = {key for key in cpu if key[0] == "Secret"}
+    assert set(cpu) == set(gpu) == set(_by_key(manifests)) | secrets
     for (kind, _), doc in cpu.items():
         if kind != "Namespace":
             assert doc["metadata"]["namespace"] == "inf-engine", doc["metadata"]
@@ -303,24 +290,32 @@ def test_beat_liveness_reads_its_own_heartbeat() -> None:
     assert compose["services"]["beat"]["healthcheck"]["test"] == ["CMD", "inf-engine", "beat", "--check"]
 
 
-def test_one_secret_per_value_and_no_password_in_a_url() -> None:
-    secrets = [d for d in _k8s_documents() if d["kind"] == "Secret"]
+def test_one_secret_per_value_and_no_password_in_a_url(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    import base64
+
+    docs = rendered["cpu"]
+    secrets = [d for d in docs if d["kind"] == "Secret"]
+    assert {s["metadata"]["name"].rsplit("-", 1)[0] for s in secrets} == {
+        "postgres-password", "redis-password", "flower-password", "api-keys",
+    }
     for secret in secrets:
         assert len(secret.get("stringData", {})) + len(secret.get("data", {})) == 1, secret["metadata"]["name"]
-    values = [v for s in secrets for v in s["stringData"].values()]
-    texts = [yaml.safe_dump(d) for d in _k8s_documents() if d["kind"] != "Secret"]
+        assert secret["metadata"]["namespace"] == "inf-engine"
+    values = [base64.b64decode(v).decode() for s in secrets for v in s["data"].values()]
+    texts = [yaml.safe_dump(d) for d in docs if d["kind"] != "Secret"]
     for value in set(values):
-        assert not any(f":{value}@" in text for text in texts), "a secret repeated inside a URL"
-    config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")
+        assert not any(value in text for text in texts), "a secret value written outside its Secret"
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
     assert "@" in config["data"]["INF_ENGINE_DATABASE_URL"] and ":" not in config["data"]["INF_ENGINE_DATABASE_URL"].split("//")[1].split("@")[0]
+    assert "INF_ENGINE_REDIS_URL" not in config["data"]  # each client's URL carries the password (from its Secret)
     referenced = {
         ref["secretKeyRef"]["name"]
-        for spec in _pod_specs().values()
-        for c in [*spec.get("initContainers", []), *spec["containers"]]
+        for d in docs if d["kind"] in {"Deployment", "StatefulSet"}
+        for c in [*d["spec"]["template"]["spec"].get("initContainers", []), *d["spec"]["template"]["spec"]["containers"]]
         for ref in (e.get("valueFrom", {}) for e in c.get("env", []))
         if "secretKeyRef" in ref
     }
-    assert referenced == {s["metadata"]["name"] for s in secrets}
+    assert referenced == {s["metadata"]["name"] for s in secrets}  # the generated (hashed) names, every one used
 
 
 def test_engine_worker_is_cpu_by_default_and_gpu_is_opt_in() -> None:
@@ -371,4 +366,4 @@ def test_dockerfile_compiles_the_kernels_and_fails_without_them() -> None:
     # app/db/migrations (package data) is a link to ../../migrations: the image needs both (scripts/image_context.py)
     assert "COPY migrations ./migrations" in text
     assert "from app.db.migrate import migrations_dir" in text  # the build fails without them
-    assert 'pip install ".[engine,flower]"' in text
+    assert '".[engine,flower]"' in text and "pip install" in text
