@@ -13,7 +13,7 @@ NEEDS = [
         "engine/test_framework_seam.py",
         "serving/test_embedded.py", "serving/test_embedded_structured.py", "serving/test_embeddings.py",
         "serving/backends/test_backends.py", "serving/test_app_tools.py", "serving/test_engine_policies.py",
-        "serving/test_speculative.py",
+        "serving/test_speculative.py", "serving/test_worker_engine_metrics.py",
     ]),
     (("gguf",), ["test_packaging.py"]),
     (("kubernetes_validate",), ["deploy"]),  # the dev extra's offline Kubernetes schemas
