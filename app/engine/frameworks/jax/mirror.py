@@ -24,7 +24,7 @@ import numpy as np
 from app.engine.core.sequence import Sequence
 from app.engine.frameworks.jax.layers import MASKED, Array, gather_blocks, jitted
 
-Mirror = tuple[tuple[Array, Array], ...]
+Mirror = list[tuple[Array, Array]]  # per layer: K^T [kvh, rows, d, width], V [kvh, rows, width, d]
 
 _traces = [0]  # traces of the refill function (added to the runner's num_compilations)
 
@@ -50,18 +50,16 @@ def append_rows(k_t: Array, v: Array, positions: Array, k: Array, v_new: Array) 
     return k_t, v
 
 
-def _refill(mirror: Mirror, caches: Any, rows: Array, tables: Array, *, block_size: int) -> Mirror:
-    """Copy the paged context of ``tables [n, W]`` into mirror ``rows [n]`` (a row past the end: padding,
-    dropped)."""
+def _refill_layer(
+    mirror: tuple[Array, Array], cache: tuple[Array, Array], rows: Array, tables: Array, *, block_size: int
+) -> tuple[Array, Array]:
+    """Copy one layer's paged context of ``tables [n, W]`` into its mirror ``rows [n]`` (a row past the end:
+    padding, dropped). One layer at a time: a single small compiled function serves every layer."""
     _traces[0] += 1
-    out = []
-    for (k_t, v), (k_cache, v_cache) in zip(mirror, caches, strict=True):
-        keys = gather_blocks(k_cache, tables, block_size)  # [kvh, n, W * bs, d]
-        values = gather_blocks(v_cache, tables, block_size)
-        k_t = k_t.at[:, rows].set(keys.transpose(0, 1, 3, 2), mode="drop")
-        v = v.at[:, rows].set(values, mode="drop")
-        out.append((k_t, v))
-    return tuple(out)
+    keys = gather_blocks(cache[0], tables, block_size)  # [kvh, n, W * bs, d]
+    values = gather_blocks(cache[1], tables, block_size)
+    k_t = mirror[0].at[:, rows].set(keys.transpose(0, 1, 3, 2), mode="drop")
+    return k_t, mirror[1].at[:, rows].set(values, mode="drop")
 
 
 @dataclass
@@ -146,9 +144,9 @@ class DecodeMirror:
         self.release()  # drop the old arrays first: the peak stays one mirror
         shape_k = (self.kv_heads, rows, self.head_dim, width * self.block_size)
         shape_v = (self.kv_heads, rows, width * self.block_size, self.head_dim)
-        self.arrays = tuple(
+        self.arrays = [
             (jnp.zeros(shape_k, jnp.float32), jnp.zeros(shape_v, jnp.float32)) for _ in range(self.num_layers)
-        )
+        ]
         self.num_rows, self.width = rows, width
         self.valid = np.zeros(rows, dtype=np.int64)
 
@@ -163,8 +161,10 @@ class DecodeMirror:
         padded[: len(seqs)] = rows
         before = _traces[0]
         assert self.arrays is not None
-        refill = jitted(_refill, self.fast_compile, ("block_size",), ("mirror",))
-        self.arrays = refill(self.arrays, caches, padded, tables, block_size=self.block_size)
+        refill = jitted(_refill_layer, self.fast_compile, ("block_size",), ("mirror",))
+        rows_d, tables_d = jax.device_put((padded, tables))
+        for i, cache in enumerate(caches):
+            self.arrays[i] = refill(self.arrays[i], cache, rows_d, tables_d, block_size=self.block_size)
         self.num_traces += _traces[0] - before
 
 

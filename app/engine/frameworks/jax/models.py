@@ -1,12 +1,14 @@
 """The Llama family and GPT-2 as JAX forward functions over a params pytree taken from the loaded torch model.
 
-A forward takes the flat token ids and positions of one step and an ``attend(layer, q, k, v)`` callback that
-does the attention (and any cache writes) for each layer: the paged runner and the single-sequence
-``layer_outputs`` share the same block code and differ only in how attention sees the context.
+The model is three pieces, :func:`embed`, :func:`block` (one decoder block, the same code for every layer)
+and :func:`compute_logits`, each taking an ``attend(q, k, v)`` callback where it needs attention (and any cache
+writes): the paged runner jits one block for all layers (their shapes are equal), the single-sequence
+``layer_outputs`` runs :func:`forward` over them all with plain causal attention.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +32,9 @@ from app.engine.models.base import PagedCausalLM
 from app.engine.models.layers import Linear
 
 Params = dict[str, Any]
-#: ``attend(layer, q [T, heads, d], k [T, kv_heads, d], v [T, kv_heads, d]) -> [T, heads * d]``
+#: ``attend(q [T, heads, d], k [T, kv_heads, d], v [T, kv_heads, d]) -> [T, heads * d]``: one block's attention
+BlockAttend = Callable[[Array, Array, Array], Array]
+#: the same for every block: ``attend(layer, q, k, v)``
 Attend = Callable[[int, Array, Array, Array], Array]
 
 
@@ -151,6 +155,38 @@ def _gpt2_params(model: Any) -> Params:
 
 
 # ---- forward ---------------------------------------------------------------------------------------------
+def embed(top: Params, spec: ModelSpec, ids: Array, positions: Array) -> tuple[Array, Any]:
+    """The embeddings ``[T, hidden]`` and what every block shares: RoPE's ``(cos, sin)`` (None for GPT-2's
+    learned positions, added here). ``top``: the params without ``"layers"``."""
+    if spec.architecture == "llama":
+        return top["embed"][ids], rope_cos_sin(positions, top["inv_freq"])
+    return top["wte"][ids] + top["wpe"][positions], None
+
+
+def block(p: Params, spec: ModelSpec, x: Array, rope: Any, attend: BlockAttend) -> Array:
+    """One decoder block over the residual stream ``x [T, hidden]``; returns the stream after it."""
+    length = x.shape[0]
+    heads, kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    if spec.architecture == "llama":
+        eps = spec.rms_norm_eps
+        cos, sin = rope
+        qkv = linear(rms_norm(x, p["ln1"], eps), p["qkv"], p["qkv_b"])
+        q = apply_rope(qkv[:, :q_size].reshape(length, heads, head_dim), cos, sin)
+        k = apply_rope(qkv[:, q_size : q_size + kv_size].reshape(length, kv_heads, head_dim), cos, sin)
+        v = qkv[:, q_size + kv_size :].reshape(length, kv_heads, head_dim)
+        x = x + linear(attend(q, k, v), p["o"], p["o_b"])
+        return x + swiglu_mlp(
+            rms_norm(x, p["ln2"], eps), p["gate_up"], p["down"], p["gate_up_b"], p["down_b"]
+        )
+    eps = spec.layer_norm_eps
+    qkv = linear(layer_norm(x, p["ln1_w"], p["ln1_b"], eps), p["qkv"], p["qkv_b"])
+    q, k, v = (qkv[:, i * q_size : (i + 1) * q_size].reshape(length, heads, head_dim) for i in range(3))
+    x = x + linear(attend(q, k, v), p["o"], p["o_b"])
+    h = layer_norm(x, p["ln2_w"], p["ln2_b"], eps)
+    return x + gelu_mlp(h, p["fc"], p["fc_b"], p["proj"], p["proj_b"], spec.gelu_approximate)
+
+
 def forward(
     params: Params,
     spec: ModelSpec,
@@ -161,61 +197,22 @@ def forward(
 ) -> Array:
     """The residual stream after the last block, ``[T, hidden]`` (before the final norm). ``collect``: append
     the embeddings and each block's output to it."""
-    if spec.architecture == "llama":
-        return _llama_forward(params, spec, ids, positions, attend, collect)
-    return _gpt2_forward(params, spec, ids, positions, attend, collect)
-
-
-def _llama_forward(
-    params: Params, spec: ModelSpec, ids: Array, positions: Array, attend: Attend, collect: list[Array] | None
-) -> Array:
-    length = ids.shape[0]
-    heads, kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    eps = spec.rms_norm_eps
-    x = params["embed"][ids]
+    x, rope = embed(params, spec, ids, positions)
     if collect is not None:
         collect.append(x)
-    cos, sin = rope_cos_sin(positions, params["inv_freq"])  # shared by every layer
     for index, p in enumerate(params["layers"]):
-        qkv = linear(rms_norm(x, p["ln1"], eps), p["qkv"], p["qkv_b"])
-        q = apply_rope(qkv[:, :q_size].reshape(length, heads, head_dim), cos, sin)
-        k = apply_rope(qkv[:, q_size : q_size + kv_size].reshape(length, kv_heads, head_dim), cos, sin)
-        v = qkv[:, q_size + kv_size :].reshape(length, kv_heads, head_dim)
-        x = x + linear(attend(index, q, k, v), p["o"], p["o_b"])
-        x = x + swiglu_mlp(rms_norm(x, p["ln2"], eps), p["gate_up"], p["down"], p["gate_up_b"], p["down_b"])
+        x = block(p, spec, x, rope, functools.partial(attend, index))
         if collect is not None:
             collect.append(x)
     return x
 
 
-def _gpt2_forward(
-    params: Params, spec: ModelSpec, ids: Array, positions: Array, attend: Attend, collect: list[Array] | None
-) -> Array:
-    length = ids.shape[0]
-    heads, head_dim = spec.num_heads, spec.head_dim
-    size = heads * head_dim
-    eps = spec.layer_norm_eps
-    x = params["wte"][ids] + params["wpe"][positions]
-    if collect is not None:
-        collect.append(x)
-    for index, p in enumerate(params["layers"]):
-        qkv = linear(layer_norm(x, p["ln1_w"], p["ln1_b"], eps), p["qkv"], p["qkv_b"])
-        q, k, v = (qkv[:, i * size : (i + 1) * size].reshape(length, heads, head_dim) for i in range(3))
-        x = x + linear(attend(index, q, k, v), p["o"], p["o_b"])
-        h = layer_norm(x, p["ln2_w"], p["ln2_b"], eps)
-        x = x + gelu_mlp(h, p["fc"], p["fc_b"], p["proj"], p["proj_b"], spec.gelu_approximate)
-        if collect is not None:
-            collect.append(x)
-    return x
-
-
-def final_norm(params: Params, spec: ModelSpec, x: Array) -> Array:
+def final_norm(top: Params, spec: ModelSpec, x: Array) -> Array:
     if spec.architecture == "llama":
-        return rms_norm(x, params["norm"], spec.rms_norm_eps)
-    return layer_norm(x, params["ln_f_w"], params["ln_f_b"], spec.layer_norm_eps)
+        return rms_norm(x, top["norm"], spec.rms_norm_eps)
+    return layer_norm(x, top["ln_f_w"], top["ln_f_b"], spec.layer_norm_eps)
 
 
-def compute_logits(params: Params, spec: ModelSpec, x: Array) -> Array:
+def compute_logits(top: Params, spec: ModelSpec, x: Array) -> Array:
     """Logits ``[rows, vocab]`` of residual-stream rows (the final norm applied here)."""
-    return final_norm(params, spec, x) @ params["head"]
+    return final_norm(top, spec, x) @ top["head"]

@@ -44,7 +44,6 @@ from app.engine.frameworks.jax.layers import (
 )
 from app.engine.frameworks.jax.mirror import (
     DecodeMirror,
-    Mirror,
     MirrorPlan,
     append_rows,
     dense_decode_attention,
@@ -52,7 +51,9 @@ from app.engine.frameworks.jax.mirror import (
 from app.engine.frameworks.jax.models import (
     ModelSpec,
     Params,
+    block,
     compute_logits,
+    embed,
     final_norm,
     forward,
     params_from_torch,
@@ -81,90 +82,74 @@ def bucket(n: int, minimum: int = 1) -> int:
 
 
 # ---- the traced step functions ---------------------------------------------------------------------------
-Caches = tuple[tuple[Array, Array], ...]
+# A step runs as jitted pieces: the embeddings, then ONE compiled block called once per layer (every layer has
+# the same shapes, and its weights, cache and mirror are arguments), then the logits. Compiling one block instead
+# of the whole unrolled model makes a new shape ~num_layers times cheaper to compile (seconds per shape for a
+# 30-layer model otherwise); the price is a few dozen dispatches a step, which run ahead of the computation.
+Caches = list[tuple[Array, Array]]
 
 
-class _PagedAttend:
-    """The ``attend`` callback of a paged step: writes each layer's new K/V at the step's slots, then attends
-    the decode rows and the prefill query blocks through their block tables."""
+def _embed_step(top: Params, ids: Array, positions: Array, *, spec: ModelSpec) -> tuple[Array, Any]:
+    _traces[0] += 1
+    return embed(top, spec, ids, positions)
 
-    def __init__(self, caches: Caches, batch: dict[str, Array], spec: ModelSpec, block_size: int) -> None:
-        self.caches = list(caches)
-        self.batch = batch
-        self.spec = spec
-        self.block_size = block_size
 
-    def __call__(self, layer: int, q: Array, k: Array, v: Array) -> Array:
-        b, spec, bs = self.batch, self.spec, self.block_size
-        k_cache, v_cache = self.caches[layer]
-        k_cache = write_kv(k_cache, b["slots"], k)
-        v_cache = write_kv(v_cache, b["slots"], v)
-        self.caches[layer] = (k_cache, v_cache)
-        if "dec_rows" not in b:  # decode-only step: row i is sequence i
-            return decode_attention(q, k_cache, v_cache, b["tables"], b["context_lens"], spec.scale, bs)
-        parts = []
-        if b["dec_rows"].shape[0]:
-            qd = q[b["dec_rows"]]
-            parts.append(
-                decode_attention(qd, k_cache, v_cache, b["dec_tables"], b["dec_ctx"], spec.scale, bs)
-            )
-        qp = q[b["pre_rows"]]  # [Bp, Q, heads, d]
+def _layer_step(
+    p: Params,
+    x: Array,
+    rope: Any,
+    cache: tuple[Array, Array],
+    mirror: tuple[Array, Array] | None,
+    batch: dict[str, Array],
+    *,
+    spec: ModelSpec,
+    block_size: int,
+    kind: str,
+) -> tuple[Array, tuple[Array, Array], tuple[Array, Array] | None]:
+    """One block of a step: writes its new K/V at the step's slots (and, decoding over the mirror, at the end
+    of each mirror row), attends, and returns the residual stream, the layer's cache and mirror arrays."""
+    _traces[0] += 1
+    new: dict[str, Any] = {"mirror": None}
+
+    def attend(q: Array, k: Array, v: Array) -> Array:
+        k_cache = write_kv(cache[0], batch["slots"], k)
+        v_cache = write_kv(cache[1], batch["slots"], v)
+        new["cache"] = (k_cache, v_cache)
+        if kind == "mirror":
+            assert mirror is not None
+            k_t, v_rows = append_rows(mirror[0], mirror[1], batch["positions"], k, v)
+            new["mirror"] = (k_t, v_rows)
+            return dense_decode_attention(q, k_t, v_rows, batch["context_lens"], spec.scale)
+        if kind == "decode":  # row i is sequence i
+            tables, context = batch["tables"], batch["context_lens"]
+            return decode_attention(q, k_cache, v_cache, tables, context, spec.scale, block_size)
+        return _mixed_attention(q, k_cache, v_cache, batch, spec, block_size)
+
+    x = block(p, spec, x, rope, attend)
+    return x, new["cache"], new["mirror"]
+
+
+def _mixed_attention(
+    q: Array, k_cache: Array, v_cache: Array, b: dict[str, Array], spec: ModelSpec, block_size: int
+) -> Array:
+    """The one-token rows attend as decodes, the chunks as query blocks; each flat row then takes its output."""
+    parts = []
+    if b["dec_rows"].shape[0]:
+        qd = q[b["dec_rows"]]
         parts.append(
-            prefill_attention(
-                qp, k_cache, v_cache, b["pre_tables"], b["pre_ctx"], b["pre_start"], spec.scale, bs
-            )
+            decode_attention(qd, k_cache, v_cache, b["dec_tables"], b["dec_ctx"], spec.scale, block_size)
         )
-        out = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
-        return out[b["out_rows"]]
+    qp = q[b["pre_rows"]]  # [Bp, Q, heads, d]
+    tables, context, start = b["pre_tables"], b["pre_ctx"], b["pre_start"]
+    parts.append(prefill_attention(qp, k_cache, v_cache, tables, context, start, spec.scale, block_size))
+    out = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
+    return out[b["out_rows"]]
 
 
-class _MirrorAttend:
-    """The ``attend`` callback of a mirrored decode step: each row's new K/V go to the paged cache (at its
-    slot) and to the end of its mirror row, and the row attends over its mirror row."""
-
-    def __init__(self, caches: Caches, mirror: Mirror, batch: dict[str, Array], spec: ModelSpec) -> None:
-        self.caches = list(caches)
-        self.mirror = list(mirror)
-        self.batch = batch
-        self.spec = spec
-
-    def __call__(self, layer: int, q: Array, k: Array, v: Array) -> Array:
-        b = self.batch
-        k_cache, v_cache = self.caches[layer]
-        self.caches[layer] = (write_kv(k_cache, b["slots"], k), write_kv(v_cache, b["slots"], v))
-        k_t, v_rows = append_rows(*self.mirror[layer], b["positions"], k, v)
-        self.mirror[layer] = (k_t, v_rows)
-        return dense_decode_attention(q, k_t, v_rows, b["context_lens"], self.spec.scale)
-
-
-def _mirror_decode_step(
-    params: Params, caches: Caches, mirror: Mirror, batch: dict[str, Array], *, spec: ModelSpec
-) -> tuple[Array, Caches, Mirror]:
-    """A decode step over the mirror's rows: logits ``[rows, vocab]``, the updated caches and mirror."""
+def _head_step(top: Params, x: Array, rows: Array | None, *, spec: ModelSpec) -> Array:
+    """Logits of ``rows`` of the residual stream (every row when None)."""
     _traces[0] += 1
-    attend = _MirrorAttend(caches, mirror, batch, spec)
-    x = forward(params, spec, batch["ids"], batch["positions"], attend)
-    return compute_logits(params, spec, x), tuple(attend.caches), tuple(attend.mirror)
-
-
-def _decode_step(
-    params: Params, caches: Caches, batch: dict[str, Array], *, spec: ModelSpec, block_size: int
-) -> tuple[Array, Caches]:
-    """Every sequence one token: logits ``[B, vocab]`` for every row, and the updated caches."""
-    _traces[0] += 1
-    attend = _PagedAttend(caches, batch, spec, block_size)
-    x = forward(params, spec, batch["ids"], batch["positions"], attend)
-    return compute_logits(params, spec, x), tuple(attend.caches)
-
-
-def _mixed_step(
-    params: Params, caches: Caches, batch: dict[str, Array], *, spec: ModelSpec, block_size: int
-) -> tuple[Array, Caches]:
-    """Decodes and prefill chunks together: logits of the sampling rows ``batch["sample_rows"]`` only."""
-    _traces[0] += 1
-    attend = _PagedAttend(caches, batch, spec, block_size)
-    x = forward(params, spec, batch["ids"], batch["positions"], attend)
-    return compute_logits(params, spec, x[batch["sample_rows"]]), tuple(attend.caches)
+    return compute_logits(top, spec, x if rows is None else x[rows])
 
 
 # ---- step inputs -----------------------------------------------------------------------------------------
@@ -352,6 +337,7 @@ class JaxRunner:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         spec = self.spec = ModelSpec.from_config(model_config)
         self.params = params_from_torch(model, model_config)
+        self.top = {k: v for k, v in self.params.items() if k != "layers"}  # all but the blocks' weights
         self.fast_compile = sum(x.size for x in jax.tree.leaves(self.params)) < FAST_COMPILE_PARAMS
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -361,9 +347,9 @@ class JaxRunner:
         # one block past the block manager's range: the scratch block padding rows write and padded tables name
         num_slots = (num_blocks + 1) * block_size
         shape = (spec.num_kv_heads, num_slots, spec.head_dim)
-        self.caches: Caches = tuple(
+        self.caches: Caches = [
             (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(spec.num_layers)
-        )
+        ]
         learned = spec.max_positions if spec.architecture == "gpt2" else None
         self.builder = StepBuilder(block_size, num_blocks, learned)
         paged_bytes = 2 * spec.num_layers * num_slots * spec.num_kv_heads * spec.head_dim * 4
@@ -416,18 +402,21 @@ class JaxRunner:
     def run(self, step: StepInputs) -> torch.Tensor:
         """The step's sampling logits ``[len(step.sampling_seqs), vocab]`` (float32, CPU)."""
         before = _traces[0]
-        if step.kind == "mirror":
-            assert self.mirror.arrays is not None
-            fn = jitted(_mirror_decode_step, self.fast_compile, ("spec",), ("caches", "mirror"))
-            logits, self.caches, self.mirror.arrays = fn(
-                self.params, self.caches, self.mirror.arrays, step.batch, spec=self.spec
+        fast, spec, kind = self.fast_compile, self.spec, step.kind
+        embed_fn = jitted(_embed_step, fast, ("spec",), ())
+        layer_fn = jitted(_layer_step, fast, ("spec", "block_size", "kind"), ("cache", "mirror"))
+        head_fn = jitted(_head_step, fast, ("spec",), ())
+        batch = jax.device_put(step.batch)  # once: every layer reads the same arrays
+        mirror = self.mirror.arrays if kind == "mirror" else None
+        x, rope = embed_fn(self.top, batch["ids"], batch["positions"], spec=spec)
+        for i, p in enumerate(self.params["layers"]):
+            m = None if mirror is None else mirror[i]
+            x, self.caches[i], m = layer_fn(
+                p, x, rope, self.caches[i], m, batch, spec=spec, block_size=self.block_size, kind=kind
             )
-        else:
-            raw = _decode_step if step.kind == "decode" else _mixed_step
-            fn = jitted(raw, self.fast_compile, ("spec", "block_size"), ("caches",))
-            logits, self.caches = fn(
-                self.params, self.caches, step.batch, spec=self.spec, block_size=self.block_size
-            )
+            if mirror is not None:
+                mirror[i] = m
+        logits = head_fn(self.top, x, batch["sample_rows"] if kind == "mixed" else None, spec=spec)
         host = np.asarray(logits)  # waits for the step
         self.num_compilations += _traces[0] - before
         self.step_shapes.add(step.shape_key)

@@ -150,7 +150,9 @@ def test_compilations_stay_bounded(make_engine: Callable[..., LLMEngine]) -> Non
         engine.generate(prompts, params)
     shapes = len(runner.step_shapes)
     assert shapes <= 16, sorted(runner.step_shapes)
-    assert runner.num_compilations <= shapes + 8  # the steps' shapes and the mirror's refills
+    # each shape compiles its pieces (embeddings, one block, logits; fewer where an earlier shape shares them),
+    # plus the mirror's refills
+    assert runner.num_compilations <= 3 * shapes + 8
     before = runner.num_compilations
     for size in (3, 11, 17):  # shapes already seen (the prompts are shorter than a block: nothing cached)
         engine.generate(batches[size - 1], params)
