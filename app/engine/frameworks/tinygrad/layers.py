@@ -17,15 +17,19 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 
 from app.engine.frameworks.tinygrad import kernels
-from app.engine.frameworks.tinygrad.tuning import PANEL, attention_opts, product_opts
+from app.engine.frameworks.tinygrad.tuning import PANEL, attention_tiles, product_opts
 
 __all__ = [
     "Linear",
+    "dims",
     "gather_rows",
     "gelu",
     "layer_norm",
     "paged_attention",
+    "panels",
+    "product",
     "rms_norm",
+    "rms_scale",
     "rope",
     "swiglu",
     "write_kv",
@@ -35,18 +39,16 @@ __all__ = [
 class Linear:
     """``y = x @ W.T + b`` with ``W`` stored as panels ``[ceil(out / PANEL), in, PANEL]`` (zero rows pad the last
     panel, so a product streams its weight in memory order) and computed by a custom kernel carrying its own
-    optimizations (see :mod:`.tuning`). Its tensors are realized by the model, all in one schedule."""
+    optimizations (see :mod:`.tuning`). ``norm``: the weight of an RMSNorm before it, folded into the columns of
+    ``W`` (the product then takes the norm's per-row scale, see :func:`product`). Its tensors are realized by the
+    model, all in one schedule."""
 
-    def __init__(self, weight: np.ndarray, bias: np.ndarray | None = None) -> None:
+    def __init__(self, weight: np.ndarray, bias: np.ndarray | None = None, norm: np.ndarray | None = None) -> None:
         out_features, in_features = weight.shape
-        padded = -(-out_features // PANEL) * PANEL
-        w = np.zeros((padded, in_features), dtype=np.float32)
-        w[:out_features] = weight
-        panels = w.reshape(padded // PANEL, PANEL, in_features).transpose(0, 2, 1)
-        self.panels = Tensor(np.ascontiguousarray(panels))
+        self.panels = Tensor(panels(weight if norm is None else weight * norm[None, :]))
         self.bias: Tensor | None = None
         if bias is not None:
-            b = np.zeros(padded, dtype=np.float32)
+            b = np.zeros(self.panels.shape[0] * PANEL, dtype=np.float32)
             b[:out_features] = bias
             self.bias = Tensor(b)
         self.in_features = in_features
@@ -56,13 +58,49 @@ class Linear:
         return [self.panels] if self.bias is None else [self.panels, self.bias]
 
     def __call__(self, x: Tensor) -> Tensor:
-        rows = dims(x)[0]
-        n_panels, k, p = dims(self.panels)
-        group, opts = product_opts(rows, n_panels, k)
-        fxn = functools.partial(kernels.product_kernel, group=group, opts=opts)
-        srcs = (x.contiguous(), self.panels) if self.bias is None else (x.contiguous(), self.panels, self.bias)
-        y = _custom(fxn, (rows, n_panels * p), *srcs)
-        return y if n_panels * p == self.out_features else y[:, : self.out_features]
+        return product(x, self.panels, self.out_features, bias=self.bias)
+
+
+def panels(weight: np.ndarray) -> np.ndarray:
+    """``[out, in]`` as float32 panels ``[ceil(out / PANEL), in, PANEL]`` (zero rows pad the last one)."""
+    out_features, in_features = weight.shape
+    padded = -(-out_features // PANEL) * PANEL
+    w = np.zeros((padded, in_features), dtype=np.float32)
+    w[:out_features] = weight
+    return np.ascontiguousarray(w.reshape(padded // PANEL, PANEL, in_features).transpose(0, 2, 1))
+
+
+def product(
+    x: Tensor,
+    weight: Tensor,
+    out_features: int,
+    *,
+    scale: Tensor | None = None,
+    gate: Tensor | None = None,
+    bias: Tensor | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """``x @ W.T`` for panel weights, with its epilogue in the same kernel: ``* scale[t]`` (an RMSNorm folded into
+    ``W``), ``silu(.) * (x @ gate.T)`` (SwiGLU: ``gate`` holds the up projection's panels), ``+ bias``, ``+
+    residual``."""
+    rows = dims(x)[0]
+    n_panels, k, p = dims(weight)
+    group, row_tile, panel_tile = product_opts(rows, n_panels, k, sums=1 if gate is None else 2)
+    named = {"scale": scale, "gate": gate, "bias": bias, "residual": residual}
+    parts = tuple(name for name, t in named.items() if t is not None)
+    extra = [t.contiguous() for t in named.values() if t is not None]
+    if residual is not None and n_panels * p != out_features:  # the kernel adds it by padded column
+        extra[-1] = residual.pad(((0, 0), (0, n_panels * p - out_features))).contiguous()
+    fxn = functools.partial(
+        kernels.product_kernel, group=group, row_tile=row_tile, panel_tile=panel_tile, parts=parts
+    )
+    y = _custom(fxn, (rows, n_panels * p), x.contiguous(), weight, *extra)
+    return y if n_panels * p == out_features else y[:, :out_features]
+
+
+def rms_scale(x: Tensor, eps: float) -> Tensor:
+    """RMSNorm's per-row factor ``rsqrt(mean(x^2) + eps)``, ``[T]``."""
+    return (x.square().mean(-1) + eps).rsqrt()
 
 
 def dims(t: Tensor) -> tuple[int, ...]:
@@ -111,31 +149,40 @@ def gelu(x: Tensor, activation: str) -> Tensor:
 
 
 # ---- paged attention -------------------------------------------------------------------------------------------
-def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
-    """Write the step's keys and values ``[T, kv_heads * head_dim]`` into their cache ``slots [T]`` (cache layouts:
-    :mod:`.kernels`); returns the caches as they are after the write (read them, not the arguments, in this step)."""
+def write_kv(
+    k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, layer: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Write the step's keys and values ``[T, kv_heads * head_dim]`` into cache ``slots [T]`` of layer ``layer``
+    (int32 ``[1]``; cache layouts: :mod:`.kernels`); returns the caches as they are after the write (read them, not
+    the arguments, in this step)."""
     outs: list[Any] = Tensor.custom_kernel(
-        k_cache, v_cache, k.contiguous(), v.contiguous(), slots, fxn=kernels.kv_write_kernel
+        k_cache, v_cache, k.contiguous(), v.contiguous(), slots, layer, fxn=kernels.kv_write_kernel
     )
     return outs[0], outs[1]
 
 
 def paged_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, positions: Tensor, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    layer: Tensor,
+    scale: float,
 ) -> Tensor:
     """Attention of ``q [T, heads, head_dim]`` over the key positions ``<= positions[t]`` of each row's sequence,
-    read through ``block_tables [T, W]`` from the caches. Grouped-query heads share their kv head's keys (no
-    repeat). Returns ``[T, heads * head_dim]``."""
+    read through ``block_tables [T, W]`` from layer ``layer``'s caches. Grouped-query heads share their kv head's
+    keys (no repeat). Returns ``[T, heads * head_dim]``."""
     rows, heads, head_dim = dims(q)
-    _, kv_heads, _, block_size = dims(k_cache)
+    _, _, kv_heads, _, block_size = dims(k_cache)
     group, blocks = heads // kv_heads, dims(block_tables)[1]
     width = blocks * block_size
-    score_opts, value_opts = attention_opts(rows, kv_heads, blocks, group, block_size, head_dim)
+    (key_lanes, heads_s), (dim_lanes, heads_v) = attention_tiles(group, block_size, head_dim)
     qg = q.reshape(rows, kv_heads, group, head_dim).contiguous()
-    scores_fxn = functools.partial(kernels.attention_scores_kernel, scale=scale, opts=score_opts)
-    scores = _custom(scores_fxn, (rows, kv_heads, group, width), qg, k_cache, block_tables, positions)
+    scores_fxn = functools.partial(kernels.attention_scores_kernel, scale=scale, lanes=key_lanes, heads=heads_s)
+    scores = _custom(scores_fxn, (rows, kv_heads, group, width), qg, k_cache, block_tables, positions, layer)
     visible = Tensor.arange(width, dtype=dtypes.int32).reshape(1, 1, 1, width) <= positions.reshape(rows, 1, 1, 1)
     probs = visible.where(scores, -math.inf).softmax(-1).contiguous()
-    values_fxn = functools.partial(kernels.attention_values_kernel, opts=value_opts)
-    out = _custom(values_fxn, (rows, kv_heads, group, head_dim), probs, v_cache, block_tables, positions)
+    values_fxn = functools.partial(kernels.attention_values_kernel, lanes=dim_lanes, heads=heads_v)
+    out = _custom(values_fxn, (rows, kv_heads, group, head_dim), probs, v_cache, block_tables, layer)
     return out.reshape(rows, heads * head_dim)

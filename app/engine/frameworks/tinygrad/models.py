@@ -2,12 +2,17 @@
 
 Weights come from :meth:`torch.nn.Module.named_parameters` of :class:`app.engine.models.llama.LlamaForCausalLM` or
 :class:`app.engine.models.gpt2.GPT2LMHeadModel` (fused ``qkv_proj``/``gate_up_proj`` and GPT-2's ``c_attn`` are
-already ``[out, in]``), so whatever the engine loads (GGUF, HF folders) runs here too. One :meth:`forward` runs a
-flat step (see :mod:`.layers`) and returns the logits of the sampling rows only.
+already ``[out, in]``), so whatever the engine loads (GGUF, HF folders) runs here too.
+
+A step runs in three parts, each a function of Tensors only (the runner TinyJits each): :meth:`embed` (token
+embeddings, and what every layer shares: Llama's RoPE rows), :meth:`layer` (one decoder block, its weights passed as
+arguments: one capture serves every layer), :meth:`head` (final norm and the logits of the sampling rows).
+:meth:`forward` chains them eagerly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +27,9 @@ from app.engine.frameworks.tinygrad.layers import (
     gelu,
     layer_norm,
     paged_attention,
+    product,
     rms_norm,
+    rms_scale,
     rope,
     swiglu,
     write_kv,
@@ -33,16 +40,12 @@ __all__ = ["GPT2Model", "LlamaModel", "StepTensors", "TinyCausalLM", "build_mode
 
 @dataclass
 class StepTensors:
-    """The inputs of one step (int32): ``T`` token rows, ``W`` blocks per row's table, ``S`` sampling rows."""
+    """What every layer of a step reads (int32): ``T`` rows, ``W`` blocks per row's table."""
 
-    ids: Tensor  # [T]
     positions: Tensor  # [T]
     slots: Tensor  # [T] cache slot of each new token (padding rows: the scratch block)
     block_tables: Tensor  # [T, W] the block table of each row's sequence
-    sample_rows: Tensor  # [S] rows whose logits are returned
-
-    def as_args(self) -> tuple[Tensor, ...]:
-        return self.ids, self.positions, self.slots, self.block_tables, self.sample_rows
+    shared: tuple[Tensor, ...] = ()  # what embed() computed for every layer (Llama: RoPE cos and sin rows)
 
 
 def _tensor(array: np.ndarray) -> Tensor:
@@ -50,14 +53,17 @@ def _tensor(array: np.ndarray) -> Tensor:
 
 
 class TinyCausalLM:
-    """Shared by both architectures: weights by name, the LM head, the forward skeleton."""
+    """Shared by both architectures: weights by name, per-layer weight lists, the LM head, :meth:`forward`."""
 
-    def __init__(self, config: ModelConfig, params: dict[str, np.ndarray]) -> None:
+    def __init__(self, config: ModelConfig, params: dict[str, np.ndarray], head_norm: str | None = None) -> None:
         self.config = config
         self._params = params
         self._built: list[Tensor] = []  # realized together once the model is built (one schedule, not hundreds)
         self.scale = config.head_dim**-0.5
-        self.lm_head = self._keep(Linear(params[self._head_name()]))
+        norm = None if head_norm is None else params[head_norm]
+        self.lm_head = self._keep(Linear(params[self._head_name()], norm=norm))
+        self.layers: list[dict[str, Tensor]] = []
+        self.out_features: dict[str, int] = {}
 
     def _head_name(self) -> str:
         raise NotImplementedError
@@ -71,54 +77,94 @@ class TinyCausalLM:
         self._built.extend(linear.tensors())
         return linear
 
-    def linear(self, prefix: str) -> Linear:
-        return self._keep(Linear(self._params[prefix + ".weight"], self._params.get(prefix + ".bias")))
+    def take_linear(
+        self, weights: dict[str, Tensor], key: str, name: str, norm: str | None = None, rows: slice | None = None
+    ) -> None:
+        """Linear ``name`` (checkpoint prefix; its output ``rows`` only) into ``weights[key + ".panels"]`` (and
+        ``".bias"``), with RMSNorm weight ``norm`` folded in."""
+        weight, bias = self._params[name + ".weight"], self._params.get(name + ".bias")
+        if rows is not None:
+            weight, bias = weight[rows], None if bias is None else bias[rows]
+        lin = self._keep(Linear(weight, bias, None if norm is None else self._params[norm]))
+        weights[key + ".panels"] = lin.panels
+        if lin.bias is not None:
+            weights[key + ".bias"] = lin.bias
+        self.out_features[key] = lin.out_features
 
     def finish(self, *extra: Tensor) -> None:
         """Realize every weight (and ``extra`` tables) in one go and drop the NumPy copies."""
         Tensor.realize(*self._built, *extra)
         self._built, self._params = [], {}
 
-    def embed(self, step: StepTensors) -> Tensor:
+    def proj(self, x: Tensor, w: dict[str, Tensor], key: str, **epilogue: Any) -> Tensor:
+        """Linear ``key`` of a layer on ``x`` (see :func:`.layers.product` for the ``epilogue``)."""
+        return product(x, w[key + ".panels"], self.out_features[key], bias=w.get(key + ".bias"), **epilogue)
+
+    # ---- the three parts of a step ----
+    #: what :meth:`embed` returns besides the embeddings, for every layer
+    shared_names: tuple[str, ...] = ()
+
+    def weight_names(self) -> list[str]:
+        """The names of a layer's weights, in the order :meth:`layer_weights` gives them."""
+        return sorted(self.layers[0])
+
+    def layer_weights(self, index: int) -> list[Tensor]:
+        layer = self.layers[index]
+        return [layer[name] for name in self.weight_names()]
+
+    def embed(self, ids: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+        """``(x, *shared)``: the embeddings ``[T, hidden]`` and what every layer reads."""
         raise NotImplementedError
 
-    def rotary(self, step: StepTensors) -> tuple[Tensor, Tensor] | None:
-        """The step's RoPE ``(cos, sin)`` rows, shared by every layer (None: no rotary embedding)."""
-        return None
-
-    def block(self, index: int, x: Tensor, attend: Any, rotary: Any) -> Tensor:
+    def layer(self, x: Tensor, weights: Sequence[Tensor], step: StepTensors, caches: Any, layer: Tensor) -> Tensor:
+        """One decoder block on ``x``; ``weights`` in :meth:`weight_names` order; ``layer`` (int32 ``[1]``) picks its
+        part of the KV caches."""
         raise NotImplementedError
 
     def final_norm(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def forward(self, step: StepTensors, caches: Any, collect: dict[str, Tensor] | None = None) -> Tensor:
-        """Logits ``[S, vocab]`` of ``step.sample_rows``; writes the step's keys and values into ``caches`` (a
-        :class:`~app.engine.frameworks.tinygrad.runner.KVCache`). ``collect`` receives the residual stream after
-        the embeddings and each block, and the final norm's output."""
-        def attend(index: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            k_cache, v_cache = write_kv(caches.keys[index], caches.values[index], k, v, step.slots)
-            return paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, self.scale)
+    def head(self, x: Tensor, sample_rows: Tensor) -> Tensor:
+        """Logits ``[S, vocab]`` of rows ``sample_rows`` (after the final norm)."""
+        return self.lm_head(gather_rows(self.final_norm(x), sample_rows))
 
-        x, rotary = self.embed(step), self.rotary(step)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, step: StepTensors, caches: Any, layer: Tensor) -> Tensor:
+        """Write this step's keys and values, then attend (see :func:`.layers.paged_attention`)."""
+        k_cache, v_cache = write_kv(caches.keys, caches.values, k, v, step.slots, layer)
+        return paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, layer, self.scale)
+
+    def forward(
+        self,
+        ids: Tensor,
+        step: StepTensors,
+        sample_rows: Tensor,
+        caches: Any,
+        layer_ids: Sequence[Tensor],
+        collect: dict[str, Tensor] | None = None,
+    ) -> Tensor:
+        """The three parts chained, eagerly (``step.shared`` is filled here). ``collect`` receives the residual
+        stream after the embeddings and each block, and the final norm's output."""
+        x, *shared = self.embed(ids, step.positions)
+        step = StepTensors(step.positions, step.slots, step.block_tables, tuple(shared))
         if collect is not None:
             collect["embeddings"] = x
         for index in range(self.config.num_layers):
-            x = self.block(index, x, attend, rotary).contiguous()
+            x = self.layer(x, self.layer_weights(index), step, caches, layer_ids[index]).contiguous()
             if collect is not None:
                 collect[f"block.{index}"] = x
-        hidden = self.final_norm(x)
         if collect is not None:
-            collect["final_norm"] = hidden
-        return self.lm_head(gather_rows(hidden, step.sample_rows))
+            collect["final_norm"] = self.final_norm(x)
+        return self.head(x, sample_rows)
 
 
 class LlamaModel(TinyCausalLM):
     """Llama: RMSNorm, RoPE (theta and scaling through ``ModelConfig.rope_inv_freq``), GQA/MQA, SwiGLU, optional
     biases and tied head."""
 
+    shared_names = ("cos", "sin")
+
     def __init__(self, config: ModelConfig, params: dict[str, np.ndarray], max_positions: int) -> None:
-        super().__init__(config, params)
+        super().__init__(config, params, head_norm="norm.weight")
         self.embed_tokens = self.take("embed_tokens.weight")
         self.layers = [self._layer(f"layers.{i}.") for i in range(config.num_layers)]
         self.norm = self.take("norm.weight")
@@ -131,37 +177,51 @@ class LlamaModel(TinyCausalLM):
     def _head_name(self) -> str:
         return "embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head"
 
-    def _layer(self, p: str) -> dict[str, Any]:
-        return {
-            "input_norm": self.take(p + "input_layernorm.weight"),
-            "qkv": self.linear(p + "self_attn.qkv_proj"),
-            "o": self.linear(p + "self_attn.o_proj"),
-            "post_norm": self.take(p + "post_attention_layernorm.weight"),
-            "gate_up": self.linear(p + "mlp.gate_up_proj"),
-            "down": self.linear(p + "mlp.down_proj"),
-        }
+    def _layer(self, p: str) -> dict[str, Tensor]:
+        """The layer's weights: both RMSNorm weights folded into the products after them; without MLP biases the
+        gate and up projections are separate panel weights that one kernel multiplies into SwiGLU."""
+        w: dict[str, Tensor] = {}
+        inter = self.config.intermediate_size
+        attn_norm, mlp_norm = p + "input_layernorm.weight", p + "post_attention_layernorm.weight"
+        self.take_linear(w, "qkv", p + "self_attn.qkv_proj", norm=attn_norm)
+        self.take_linear(w, "o", p + "self_attn.o_proj")
+        if self.config.mlp_bias:
+            self.take_linear(w, "gate_up", p + "mlp.gate_up_proj", norm=mlp_norm)
+        else:
+            self.take_linear(w, "gate", p + "mlp.gate_up_proj", norm=mlp_norm, rows=slice(0, inter))
+            self.take_linear(w, "up", p + "mlp.gate_up_proj", norm=mlp_norm, rows=slice(inter, 2 * inter))
+        self.take_linear(w, "down", p + "mlp.down_proj")
+        return w
 
-    def embed(self, step: StepTensors) -> Tensor:
-        return gather_rows(self.embed_tokens, step.ids)
+    def embed(self, ids: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+        x = gather_rows(self.embed_tokens, ids)
+        return x, gather_rows(self.cos, positions), gather_rows(self.sin, positions)
 
-    def rotary(self, step: StepTensors) -> tuple[Tensor, Tensor]:
-        return gather_rows(self.cos, step.positions), gather_rows(self.sin, step.positions)
-
-    def block(self, index: int, x: Tensor, attend: Any, rotary: Any) -> Tensor:
-        cfg, layer = self.config, self.layers[index]
+    def layer(self, x: Tensor, weights: Sequence[Tensor], step: StepTensors, caches: Any, layer: Tensor) -> Tensor:
+        cfg, w = self.config, dict(zip(self.weight_names(), weights, strict=True))
         rows, hd = x.shape[0], cfg.head_dim
         q_size, kv_size = cfg.num_heads * hd, cfg.num_kv_heads * hd
-        cos, sin = rotary
-        qkv = layer["qkv"](rms_norm(x, layer["input_norm"], cfg.rms_norm_eps))
+        cos, sin = step.shared
+        qkv = self.proj(x, w, "qkv", scale=rms_scale(x, cfg.rms_norm_eps))
         q = rope(qkv[:, :q_size].reshape(rows, cfg.num_heads, hd), cos, sin)
         k = rope(qkv[:, q_size : q_size + kv_size].reshape(rows, cfg.num_kv_heads, hd), cos, sin)
-        v = qkv[:, q_size + kv_size :]
-        h = x + layer["o"](attend(index, q, k.reshape(rows, kv_size), v))
-        mid = swiglu(layer["gate_up"](rms_norm(h, layer["post_norm"], cfg.rms_norm_eps)), cfg.intermediate_size)
-        return h + layer["down"](mid)
+        attn = self.attend(q, k.reshape(rows, kv_size), qkv[:, q_size + kv_size :], step, caches, layer)
+        h = self.proj(attn, w, "o", residual=x)
+        scale = rms_scale(h, cfg.rms_norm_eps)
+        if cfg.mlp_bias:
+            mid = swiglu(self.proj(h, w, "gate_up", scale=scale), cfg.intermediate_size)
+        else:
+            mid = self.proj(h, w, "gate", scale=scale, gate=w["up.panels"])
+        return self.proj(mid, w, "down", residual=h)
 
     def final_norm(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.norm, self.config.rms_norm_eps)
+
+    def head(self, x: Tensor, sample_rows: Tensor) -> Tensor:
+        """The final norm folded into the head: its weight into the head's panels, its factor per sampled row."""
+        rows = gather_rows(x, sample_rows)
+        scale = rms_scale(rows, self.config.rms_norm_eps)
+        return product(rows, self.lm_head.panels, self.lm_head.out_features, scale=scale)
 
 
 class GPT2Model(TinyCausalLM):
@@ -171,35 +231,34 @@ class GPT2Model(TinyCausalLM):
         super().__init__(config, params)
         self.wte = self.take("wte.weight")
         self.wpe = self.take("wpe.weight")
-        self.blocks = [self._block(f"h.{i}.") for i in range(config.num_layers)]
+        self.layers = [self._block(f"h.{i}.") for i in range(config.num_layers)]
         self.ln_f = (self.take("ln_f.weight"), self.take("ln_f.bias"))
         self.finish()
 
     def _head_name(self) -> str:
         return "wte.weight" if self.config.tie_word_embeddings else "lm_head"
 
-    def _block(self, p: str) -> dict[str, Any]:
-        return {
-            "ln_1": (self.take(p + "ln_1.weight"), self.take(p + "ln_1.bias")),
-            "c_attn": self.linear(p + "attn.c_attn"),
-            "attn_proj": self.linear(p + "attn.c_proj"),
-            "ln_2": (self.take(p + "ln_2.weight"), self.take(p + "ln_2.bias")),
-            "c_fc": self.linear(p + "mlp.c_fc"),
-            "mlp_proj": self.linear(p + "mlp.c_proj"),
-        }
+    def _block(self, p: str) -> dict[str, Tensor]:
+        w = {name: self.take(p + name) for name in ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")}
+        self.take_linear(w, "c_attn", p + "attn.c_attn")
+        self.take_linear(w, "attn_proj", p + "attn.c_proj")
+        self.take_linear(w, "c_fc", p + "mlp.c_fc")
+        self.take_linear(w, "mlp_proj", p + "mlp.c_proj")
+        return w
 
-    def embed(self, step: StepTensors) -> Tensor:
-        return gather_rows(self.wte, step.ids) + gather_rows(self.wpe, step.positions)
+    def embed(self, ids: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+        return (gather_rows(self.wte, ids) + gather_rows(self.wpe, positions),)
 
-    def block(self, index: int, x: Tensor, attend: Any, rotary: Any) -> Tensor:
-        cfg, blk = self.config, self.blocks[index]
+    def layer(self, x: Tensor, weights: Sequence[Tensor], step: StepTensors, caches: Any, layer: Tensor) -> Tensor:
+        cfg, w = self.config, dict(zip(self.weight_names(), weights, strict=True))
         rows, embed = x.shape[0], cfg.num_heads * cfg.head_dim
         eps = cfg.layer_norm_eps
-        (w1, b1), (w2, b2) = blk["ln_1"], blk["ln_2"]
-        qkv = blk["c_attn"](layer_norm(x, w1, b1, eps))
+        qkv = self.proj(layer_norm(x, w["ln_1.weight"], w["ln_1.bias"], eps), w, "c_attn")
         q = qkv[:, :embed].reshape(rows, cfg.num_heads, cfg.head_dim)
-        h = x + blk["attn_proj"](attend(index, q, qkv[:, embed : 2 * embed], qkv[:, 2 * embed :]))
-        return h + blk["mlp_proj"](gelu(blk["c_fc"](layer_norm(h, w2, b2, eps)), cfg.activation))
+        attn = self.attend(q, qkv[:, embed : 2 * embed], qkv[:, 2 * embed :], step, caches, layer)
+        h = self.proj(attn, w, "attn_proj", residual=x)
+        mid = gelu(self.proj(layer_norm(h, w["ln_2.weight"], w["ln_2.bias"], eps), w, "c_fc"), cfg.activation)
+        return self.proj(mid, w, "mlp_proj", residual=h)
 
     def final_norm(self, x: Tensor) -> Tensor:
         weight, bias = self.ln_f
