@@ -50,6 +50,7 @@ def test_settings_choose_the_policies(tmp_path: Path, monkeypatch: pytest.Monkey
         "kv_cache_dtype": "float32",
         "quantization": "int8",
         "enforce_eager": True,
+        "framework": "torch",
         "max_model_len": 2048,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 512,
