@@ -63,6 +63,7 @@ def create_app(
         raise ValueError(f"pooler_config pools our engine's hidden states: it needs the native backend, not "
                          f"{backend.name}")
     serving = OpenAIServing(backend, metrics, embeddings, settings.pooler_config)
+    jobs.resources_for.serve_embeddings(serving.embed)  # the jobs' Embedding calls: this server's /v1/embeddings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -64,9 +64,13 @@ def _pipeline_aliases(module: Any) -> list[str]:
 
 
 def _embedded_resources(module: Any) -> Any:
-    """Without a resources file, every alias runs on the in-process engine (Settings.model, else SmolLM2)."""
+    """Without a resources file, every alias runs on the in-process engine (Settings.model, else SmolLM2), and its
+    Embedding calls on Settings.embedding_model loaded in this process (else the engine's pooler_config): a
+    ResourceManager, which the run closes."""
+    from app.jobs.endpoints.backend import EngineResourceManager
     from app.pipeline import ConfigurationError
     from app.serving.embedded import embedded_resources, register_embedded_engine
+    from app.serving.embedding_client import LocalEmbeddings
     from app.settings import get_settings
 
     settings = get_settings()
@@ -79,7 +83,9 @@ def _embedded_resources(module: Any) -> Any:
     if aliases:
         model = next(iter(config.values()))[0].model
         err.print(f"no --resources given: {', '.join(aliases)} → the in-process engine ({model})", highlight=False)
-    return config
+    embeddings = LocalEmbeddings(embedding_model=settings.embedding_model, pooler_config=settings.pooler_config,
+                                 num_threads=settings.num_threads)
+    return EngineResourceManager(config, embeddings)
 
 
 def _json_default(obj: Any) -> Any:
@@ -157,22 +163,27 @@ async def _run_items(
         settings.update(profile=True, profile_path=profile)
     failed = 0
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=False) as progress:
-        bar = progress.add_task(type(module).__name__, total=len(items))
-        stream = run_items(module, [(item.args, item.kwargs) for item in items], **settings)
-        async for result in stream:
-            item = items[result.index]
-            record: dict[str, Any] = {"custom_id": item.custom_id}
-            if result.ok:
-                record["status"] = "completed"
-                record["output"] = result.output
-            else:
-                failed += 1
-                record["status"] = "failed"
-                record["error"] = {"type": type(result.error).__name__, "message": str(result.error)}
-            sink.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
-            sink.flush()
-            progress.advance(bar)
+    try:
+        with Progress(*columns, console=err, transient=False) as progress:
+            bar = progress.add_task(type(module).__name__, total=len(items))
+            stream = run_items(module, [(item.args, item.kwargs) for item in items], **settings)
+            async for result in stream:
+                item = items[result.index]
+                record: dict[str, Any] = {"custom_id": item.custom_id}
+                if result.ok:
+                    record["status"] = "completed"
+                    record["output"] = result.output
+                else:
+                    failed += 1
+                    record["status"] = "failed"
+                    record["error"] = {"type": type(result.error).__name__, "message": str(result.error)}
+                sink.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
+                sink.flush()
+                progress.advance(bar)
+    finally:
+        close = getattr(resources, "aclose", None)  # the in-process engine's manager (a config has none)
+        if close is not None:
+            await close()
     return failed
 
 

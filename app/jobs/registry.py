@@ -39,7 +39,8 @@ ENTRY_POINT_GROUPS = {
 
 
 #: pipelines the platform itself submits (the Batch API's one-call pipeline): accepted by path, never listed
-INTERNAL_PIPELINES = frozenset({"app.jobs.batches.pipeline:BatchRequest"})
+INTERNAL_PIPELINES = frozenset({"app.jobs.batches.pipeline:BatchRequest",
+                                "app.jobs.batches.pipeline:BatchEmbeddingRequest"})
 #: where internal pipelines stored by earlier versions now live (jobs in flight across an upgrade still run)
 MOVED_PIPELINES = {"app.jobs.batch_pipeline:BatchRequest": "app.jobs.batches.pipeline:BatchRequest"}
 

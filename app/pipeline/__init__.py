@@ -2,6 +2,7 @@
 
 from app.pipeline import functional
 from app.pipeline.demonstrations import Demonstrations
+from app.pipeline.embedding import Embedding
 from app.pipeline.execution import (
     BatchResult,
     Checkpoint,
@@ -32,6 +33,8 @@ from app.pipeline.parameter import Parameter
 from app.pipeline.profiling import ProfileStatistics, TraceProfiler
 from app.pipeline.resources import (
     ConfigurationError,
+    EmbeddingRequest,
+    EmbeddingResponse,
     EndpointConfig,
     LLMRequest,
     LLMResponse,
@@ -64,6 +67,9 @@ __all__ = [
     "CheckpointManager",
     "ConfigurationError",
     "Demonstrations",
+    "Embedding",
+    "EmbeddingRequest",
+    "EmbeddingResponse",
     "EndpointConfig",
     "ExecutionError",
     "ExecutionSettings",

@@ -379,6 +379,38 @@ async def chat_complete(
     return Value(ValueKind.RESPONSE, response.content, meta=response_meta(response))
 
 
+async def embed(
+    client: Any,
+    input: Any,
+    *,
+    model: str | None = None,
+    dimensions: int | None = None,
+    **kw: Any,
+) -> Value:
+    """One embeddings request through ``client.embed(EmbeddingRequest)``: a STRUCTURED Value holding one vector
+    for a string (or one token-id list) and a list of vectors for a list, with the model and ``input_tokens`` in
+    its meta; or an ERROR Value that keeps the HTTP status in ``meta["http_status"]``."""
+    from app.pipeline.resources.types import EmbeddingRequest
+
+    failed = first_error_value(input)
+    if failed is not None:
+        return failed
+    try:
+        extra = dict(kw.pop("extra_body", {}) or {})
+        if model is not None:
+            extra["model"] = model
+        payload = unwrap(input)
+        request = EmbeddingRequest(payload, dimensions=dimensions, extra_body=extra, **kw)
+        response = await client.embed(request)
+    except Exception as exc:  # never raises: the failure (and its HTTP status) is data
+        return error_value(exc, op="F.embed", http_status=_http_status(exc))
+    single = isinstance(payload, str) or (isinstance(payload, list) and bool(payload) and isinstance(payload[0], int))
+    vectors = [list(v) for v in response.embeddings]
+    meta = {"model": response.model, "input_tokens": response.input_tokens,
+            "completion_time_ms": response.completion_time_ms}
+    return Value(ValueKind.STRUCTURED, vectors[0] if single and vectors else vectors, meta=meta)
+
+
 def _http_status(exc: BaseException) -> int | None:
     for attr in ("status", "status_code", "http_status"):  # ours, the openai SDK's, others'
         status = getattr(exc, attr, None)

@@ -1,6 +1,7 @@
 """A real, fast, scriptable OpenAI-compatible server for tests, benchmarks and demos.
 
-It answers ``/v1/chat/completions`` (plain and SSE), ``/v1/completions`` and ``/v1/models`` with OpenAI-shaped
+It answers ``/v1/chat/completions`` (plain and SSE), ``/v1/completions``, ``/v1/embeddings`` (made-up
+vectors: :func:`fake_embedding`) and ``/v1/models`` with OpenAI-shaped
 bodies; the default reply is ``"echo: <last user message>"`` and token counts are whitespace word counts.
 
 Behaviour (see :class:`FakeBehaviour`) is set at start, changed at run time with ``POST /_control`` (JSON) or
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -28,6 +30,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -248,6 +251,12 @@ def _structured_reply(response_format: Any, prompt: str) -> str | None:
 STATE_KEY: web.AppKey[_FakeState] = web.AppKey("fake_llm_state", _FakeState)
 
 
+def fake_embedding(text: str, dimensions: int | None = None) -> list[float]:
+    """The fake server's vector for a text: its length, its vowels, its spaces, then 0.5 (``dimensions`` cuts)."""
+    vector = [float(len(text)), float(sum(c in "aeiou" for c in text.lower())), float(text.count(" ")), 0.5]
+    return vector[:dimensions] if dimensions else vector
+
+
 def build_app(state: _FakeState | None = None, behaviour: FakeBehaviour | None = None) -> web.Application:
     """The aiohttp application; ``state`` is shared with the owner so that it can configure and read it."""
     st = state if state is not None else _FakeState(behaviour or FakeBehaviour())
@@ -425,8 +434,36 @@ def build_app(state: _FakeState | None = None, behaviour: FakeBehaviour | None =
         }
         return web.Response(body=json.dumps(body).encode(), content_type=_JSON)
 
+    async def embeddings_impl(_: web.Request, data: dict[str, Any]) -> web.StreamResponse:
+        inputs = data.get("input")
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(x, str | list) and x for x in inputs):
+            return _error(400, "'input' must be a string, a list of strings or token ids, not empty")
+        texts = [x if isinstance(x, str) else " ".join(map(str, x)) for x in inputs]
+        count_prompt(texts[-1])
+        early = await gate(texts[-1])
+        if early is not None:
+            return early
+        dimensions = data.get("dimensions")
+        rows = []
+        for index, text in enumerate(texts):
+            vector = fake_embedding(text, dimensions if isinstance(dimensions, int) else None)
+            if data.get("encoding_format") == "base64":
+                encoded: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            else:
+                encoded = vector
+            rows.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(_words(t) for t in texts)
+        body = {"object": "list", "data": rows, "model": data.get("model") or st.behaviour.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return web.Response(body=json.dumps(body).encode(), content_type=_JSON)
+
     async def chat(request: web.Request) -> web.StreamResponse:
         return await guarded(request, chat_impl)
+
+    async def embeddings(request: web.Request) -> web.StreamResponse:
+        return await guarded(request, embeddings_impl)
 
     async def completions(request: web.Request) -> web.StreamResponse:
         return await guarded(request, completions_impl)
@@ -461,6 +498,7 @@ def build_app(state: _FakeState | None = None, behaviour: FakeBehaviour | None =
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_post("/_control", control)
     app.router.add_get("/_stats", stats)
     app.router.add_post("/_reset", reset)

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from app.pipeline.resources.types import LLMRequest, LLMResponse
+from app.pipeline.resources.types import EmbeddingRequest, EmbeddingResponse, LLMRequest, LLMResponse
+from app.testing.fake_llm_server import fake_embedding
 
 
 class ScriptedLM:
@@ -53,16 +54,38 @@ class ScriptedLM:
 
 
 Reply = Callable[[str, LLMRequest], "str | LLMResponse | BaseException"]
+EmbedReply = Callable[[str, EmbeddingRequest], "list[list[float]] | EmbeddingResponse | BaseException"]
+
+
+def fake_vector(item: str | list[int], dimensions: int | None = None) -> list[float]:
+    """The vector the fake LLM server gives a text (token ids: joined with spaces), so scripted and HTTP agree."""
+    return fake_embedding(item if isinstance(item, str) else " ".join(map(str, item)), dimensions)
+
+
+def fake_embeddings(alias: str, request: EmbeddingRequest) -> list[list[float]]:
+    return [fake_vector(item, request.dimensions) for item in request.inputs()]
 
 
 class ScriptedResources:
     """Anything with ``async complete(alias, request)`` serves as a resource manager; this one answers from a
     script (default: ``"<alias>(<prompt>)"``) and records every request it was sent."""
 
-    def __init__(self, reply: Reply | None = None) -> None:
+    def __init__(self, reply: Reply | None = None, embed: EmbedReply | None = None) -> None:
         self.reply = reply or (lambda alias, request: f"{alias}({request.prompt})")
+        self.embed_reply = embed or fake_embeddings
         self.requests: list[tuple[str, LLMRequest]] = []
+        self.embed_requests: list[tuple[str, EmbeddingRequest]] = []
         self.closed = False
+
+    async def embed(self, alias: str, request: EmbeddingRequest) -> EmbeddingResponse:
+        """Vectors from the ``embed`` script (default :func:`fake_embeddings`), two tokens per input."""
+        self.embed_requests.append((alias, request))
+        answer = self.embed_reply(alias, request)
+        if isinstance(answer, BaseException):
+            raise answer
+        if isinstance(answer, EmbeddingResponse):
+            return answer
+        return EmbeddingResponse(embeddings=answer, model="fake-embed", input_tokens=2 * len(request.inputs()))
 
     async def complete(self, alias: str, request: LLMRequest) -> LLMResponse:
         self.requests.append((alias, request))

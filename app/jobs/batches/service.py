@@ -1,7 +1,7 @@
 """The OpenAI Batch API on top of jobs.
 
 A batch is a job of kind ``batch`` whose items are the lines of its input file, each run by the one-call
-pipeline :class:`app.jobs.batches.pipeline.BatchRequest`. The batch row adds what OpenAI's batch object has and a
+pipeline :class:`app.jobs.batches.pipeline.BatchRequest` (``BatchEmbeddingRequest`` for ``/v1/embeddings``). The batch row adds what OpenAI's batch object has and a
 job has not: the endpoint, the completion window, validation errors, and the output and error files.
 
 Batches move on when they are read (``GET``, list, cancel), whichever process runs their job: a batch whose job
@@ -12,8 +12,10 @@ readers never finalise the same batch twice.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
+import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,11 +36,12 @@ from app.db import (
     to_unix,
     utcnow,
 )
-from app.jobs.batches.pipeline import BATCH_PIPELINE
+from app.jobs.batches.pipeline import BATCH_EMBEDDING_PIPELINE, BATCH_PIPELINE
 from app.jobs.errors import InvalidJobInput, JobConflict, JobNotFound
 from app.jobs.files import BATCH, store_output_file
 from app.jobs.files.batch_lines import (
     CHAT_COMPLETIONS,
+    EMBEDDINGS,
     ENDPOINTS,
     BatchFileError,
     LineProblem,
@@ -98,7 +101,8 @@ def create_batch(session: Session, request: BatchCreate, *, owner: str, limits: 
         return batch_view(batch, None)
     items = [item_of(line, request.endpoint) for line in lines]
     job, _ = submit_job(
-        session, JobRequest(pipeline=BATCH_PIPELINE, inputs=items, metadata={"batch_id": fields["batch_id"]}),
+        session, JobRequest(pipeline=BATCH_EMBEDDING_PIPELINE if request.endpoint == EMBEDDINGS else BATCH_PIPELINE,
+                            inputs=items, metadata={"batch_id": fields["batch_id"]}),
         owner=owner, limits=limits, kind="batch", expires_at=fields["expires_at"],
     )
     job.input_file_id = file.id
@@ -243,6 +247,8 @@ def _request_ids(batch: Batch, custom_id: str) -> str:
 def output_line(batch: Batch, item: Item, created: int) -> dict[str, Any]:
     """A line of the output file: the request's response, shaped as the endpoint answers."""
     digest = _request_ids(batch, item.custom_id)
+    if batch.endpoint == EMBEDDINGS:
+        return _line(item, digest, embeddings_body(item.output))
     output = item.output if isinstance(item.output, dict) else {"text": item.output, "meta": {}}
     text = output.get("text")
     text = text if isinstance(text, str) else ("" if text is None else orjson.dumps(text).decode())
@@ -268,12 +274,39 @@ def output_line(batch: Batch, item: Item, created: int) -> dict[str, Any]:
         }
     body["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                      "total_tokens": prompt_tokens + completion_tokens}
+    return _line(item, digest, body)
+
+
+def _line(item: Item, digest: str, body: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"batch_req_{digest}",
         "custom_id": item.custom_id,
         "response": {"status_code": 200, "request_id": f"req_{digest}", "body": body},
         "error": None,
     }
+
+
+def embeddings_body(output: Any) -> dict[str, Any]:
+    """OpenAI's ``/v1/embeddings`` response for a ``BatchEmbeddingRequest`` output (``{"embeddings", "meta",
+    "encoding_format"}``): one vector per input, base64 little-endian float32 when the line asked for it."""
+    output = output if isinstance(output, dict) else {}
+    vectors = output.get("embeddings")
+    if vectors and not isinstance(vectors[0], list):
+        vectors = [vectors]  # one input: one vector
+    found = output.get("meta")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    encoding = output.get("encoding_format") or "float"
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(vector, encoding)}
+            for i, vector in enumerate(vectors or [])]
+    tokens = int(meta.get("input_tokens") or 0)
+    return {"object": "list", "data": data, "model": meta.get("model") or meta.get("alias") or "default",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _encoded(vector: list[float], encoding: str) -> list[float] | str:
+    if encoding != "base64":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
 def error_line(batch: Batch, item: Item, expired: bool) -> dict[str, Any]:

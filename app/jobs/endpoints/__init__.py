@@ -4,7 +4,9 @@ in-process queue, node workers, learning runs, beat).
 * ``resources`` given (a ResourceManager or a scripted stand-in, in tests): every alias goes there;
 * a resources file: its endpoints, behind the global limits in Redis when Redis is configured (every process
   shares one rate and one concurrency per endpoint), else behind this process's own limits;
-* no file: the server's running backend when there is one, else the in-process engine of ``settings.model``.
+* no file: the server's running backend when there is one (embeddings: the server's ``/v1/embeddings``, given
+  with :meth:`EndpointResolver.serve_embeddings`), else the in-process engine of ``settings.model`` (embeddings:
+  ``settings.embedding_model`` loaded in this process, else the engine's pooling with ``settings.pooler_config``).
 
 One manager per configuration is kept and shared by every job and thread of the process, so an endpoint's limits
 hold across jobs.
@@ -48,9 +50,15 @@ class EndpointResolver:
         self._register_engine = register_engine
         self._resources = resources
         self._backend = backend
+        self._embed: Any = None
         self._on_wait = on_wait
         self._managers: dict[tuple[str, ...], Any] = {}
         self._lock = threading.Lock()
+
+    def serve_embeddings(self, embed: Any) -> None:
+        """Send the aliases' embeddings requests to ``embed`` (``OpenAIServing.embed``: the server's embedding
+        model, else its chat model's pooling) where they go to the server's ``backend``."""
+        self._embed = embed
 
     def __call__(self, aliases: list[str]) -> Any:
         if self._resources is not None:
@@ -87,13 +95,17 @@ class EndpointResolver:
         if self._backend is not None:
             from app.jobs.endpoints.backend import BackendResourceManager
 
-            return BackendResourceManager(aliases, self._backend)
+            return BackendResourceManager(aliases, self._backend, self._embed)
         # the engine extras are optional: import them only when a job needs the in-process engine
+        from app.jobs.endpoints.backend import EngineResourceManager
         from app.serving.embedded import embedded_resources, register_embedded_engine
+        from app.serving.embedding_client import LocalEmbeddings
 
         if self._register_engine:
             register_embedded_engine(num_threads=settings.num_threads)
-        return ResourceManager(embedded_resources(aliases, settings.model))
+        embeddings = LocalEmbeddings(embedding_model=settings.embedding_model, pooler_config=settings.pooler_config,
+                                     num_threads=settings.num_threads)
+        return EngineResourceManager(embedded_resources(aliases, settings.model), embeddings)
 
     async def aclose(self) -> None:
         """Close the managers this resolver built (not the ``resources`` it was given)."""

@@ -8,8 +8,8 @@ request, and reports 429s there, so one worker's 429 slows every worker at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis as AsyncRedis
 
@@ -18,8 +18,10 @@ from app.jobs.limits.slots import DEFAULT_LEASE_TTL_S
 from app.pipeline.resources import ResourceConfig, ResourceManager
 from app.pipeline.resources.client import LLMClient, create_client
 from app.pipeline.resources.config import EndpointConfig
-from app.pipeline.resources.errors import RateLimitError
-from app.pipeline.resources.types import LLMRequest, LLMResponse
+from app.pipeline.resources.errors import ConfigurationError, RateLimitError
+from app.pipeline.resources.types import EmbeddingRequest, EmbeddingResponse, LLMRequest, LLMResponse
+
+_Answer = TypeVar("_Answer", LLMResponse, EmbeddingResponse)
 
 #: called with (endpoint id, seconds waited) after each request that had to wait for its slot or token
 WaitHook = Callable[[str, float], None]
@@ -34,11 +36,21 @@ class LimitedClient:
         self.on_wait = on_wait
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
+        return await self._limited(lambda: self.inner.complete(request))
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResponse:
+        """An embeddings request under the same global slot and rate as the endpoint's chats."""
+        embed = getattr(self.inner, "embed", None)
+        if embed is None:
+            raise ConfigurationError(f"{type(self.inner).__name__} does not serve embeddings")
+        return await self._limited(lambda: embed(request))
+
+    async def _limited(self, send: Callable[[], Awaitable[_Answer]]) -> _Answer:
         async with self.limiter.request() as permit:
             if permit.waited_s > 0 and self.on_wait is not None:
                 self.on_wait(self.limiter.endpoint, permit.waited_s)
             try:
-                response = await self.inner.complete(request)
+                response = await send()
             except RateLimitError as exc:
                 await self.limiter.report(status=429, retry_after=exc.retry_after)
                 raise

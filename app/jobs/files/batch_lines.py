@@ -8,6 +8,10 @@ takes; otherwise the batch fails with one error per bad line.
 Bodies are the endpoint's requests as they are, ``response_format`` (text, json_object, json_schema) and, on
 chat completions, ``tools`` / ``tool_choice`` included: they reach the model with the line's other fields,
 and a field the model refuses fails that line alone (its entry in the error file names the field).
+
+A ``/v1/embeddings`` line's body is OpenAI's embeddings request: ``input`` (a string, a list of strings, a list of
+token ids or a list of such lists; at most 2,048 inputs a line), ``encoding_format`` and ``dimensions``. As at
+OpenAI, a batch of embeddings holds at most 50,000 inputs across all its lines.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ from app import json_limits
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-ENDPOINTS = (CHAT_COMPLETIONS, COMPLETIONS)
+EMBEDDINGS = "/v1/embeddings"
+ENDPOINTS = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS)
+
+MAX_EMBEDDING_INPUTS_PER_LINE = 2048  # OpenAI's limit of inputs in one embeddings request
+MAX_EMBEDDING_INPUTS_PER_BATCH = 50_000  # OpenAI's limit of embedding inputs across a batch's lines
 
 MAX_CUSTOM_ID = 255  # the items table's limit
 MAX_REPORTED_ERRORS = 100  # a failed batch lists at most this many bad lines
@@ -29,6 +37,8 @@ MAX_REPORTED_ERRORS = 100  # a failed batch lists at most this many bad lines
 _NOT_OPTIONS = frozenset({"messages", "prompt", "model", "stream", "stream_options"})
 #: chat fields a ``/v1/completions`` line may not carry (its prompt is sent as a chat, where they would apply)
 _CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
+#: embeddings body fields the batch pipeline takes apart; the others (``user``, ...) travel as they are
+_EMBEDDING_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions"})
 
 
 class BatchFileError(ValueError):
@@ -125,14 +135,19 @@ def _parse_line(raw: str, number: int) -> RequestLine:
 
 
 def check_lines(lines: list[RequestLine], endpoint: str) -> list[LineProblem]:
-    """The lines that do not fit a batch on ``endpoint`` (at most :data:`MAX_REPORTED_ERRORS` of them)."""
+    """The lines that do not fit a batch on ``endpoint`` (at most :data:`MAX_REPORTED_ERRORS` of them); for
+    embeddings also the line whose inputs take the batch past :data:`MAX_EMBEDDING_INPUTS_PER_BATCH`."""
     problems: list[LineProblem] = []
     for request in lines:
         problem = _check_line(request, endpoint)
         if problem is not None:
             problems.append(problem)
             if len(problems) >= MAX_REPORTED_ERRORS:
-                break
+                return problems
+    if endpoint == EMBEDDINGS and not problems:
+        too_many = _too_many_inputs(lines)
+        if too_many is not None:
+            problems.append(too_many)
     return problems
 
 
@@ -141,6 +156,8 @@ def _check_line(request: RequestLine, endpoint: str) -> LineProblem | None:
     if request.url != endpoint:
         return LineProblem("mismatched_endpoint", f"line {number}: url {request.url!r} does not match the batch's "
                            f"endpoint {endpoint!r}; all requests of a batch go to its endpoint", number, "url")
+    if endpoint == EMBEDDINGS:
+        return _check_embeddings(number, body)
     if endpoint == CHAT_COMPLETIONS:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -161,6 +178,67 @@ def _check_line(request: RequestLine, endpoint: str) -> LineProblem | None:
     return None
 
 
+def _check_embeddings(number: int, body: dict[str, Any]) -> LineProblem | None:
+    problem = _embedding_input_problem(body.get("input"))
+    if problem is not None:
+        return LineProblem("invalid_request", f"line {number}: {problem}", number, "body.input")
+    count = embedding_input_count(body["input"])
+    if count > MAX_EMBEDDING_INPUTS_PER_LINE:
+        return LineProblem("invalid_request", f"line {number}: body.input holds {count} inputs; an embeddings "
+                           f"request takes at most {MAX_EMBEDDING_INPUTS_PER_LINE}: split it over several lines",
+                           number, "body.input")
+    if body.get("encoding_format") not in (None, "float", "base64"):
+        return LineProblem("invalid_request", f"line {number}: body.encoding_format must be 'float' or 'base64', "
+                           f"not {body.get('encoding_format')!r}", number, "body.encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+        return LineProblem("invalid_request", f"line {number}: body.dimensions must be a positive integer, not "
+                           f"{dimensions!r}", number, "body.dimensions")
+    return None
+
+
+def _embedding_input_problem(value: Any) -> str | None:
+    """Why ``value`` is not an embeddings ``input`` (None when it is one)."""
+    shape = "body.input must be a string, a list of strings, a list of token ids or a list of lists of token ids"
+    if isinstance(value, str):
+        return None if value else "body.input is an empty string; every input needs at least one character"
+    if not isinstance(value, list) or not value:
+        return shape
+    if all(_token(x) for x in value):
+        return None
+    if all(isinstance(x, str) for x in value) or all(isinstance(x, list) and all(map(_token, x)) for x in value):
+        empty = next((i for i, x in enumerate(value) if not x), None)
+        if empty is not None:
+            return f"body.input[{empty}] is empty; every input needs at least one character or token"
+        return None
+    return shape + ", not a mix"
+
+
+def _token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def embedding_input_count(value: Any) -> int:
+    """How many inputs an embeddings ``input`` holds (a string or one token-id list is one)."""
+    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], int)):
+        return 1
+    return len(value) if isinstance(value, list) else 0
+
+
+def _too_many_inputs(lines: list[RequestLine]) -> LineProblem | None:
+    total = 0
+    passed_at: int | None = None
+    for request in lines:
+        total += embedding_input_count(request.body.get("input"))
+        if passed_at is None and total > MAX_EMBEDDING_INPUTS_PER_BATCH:
+            passed_at = request.line
+    if passed_at is None:
+        return None
+    return LineProblem("too_many_inputs", f"the batch's lines hold {total} embedding inputs in all; a {EMBEDDINGS} "
+                       f"batch takes at most {MAX_EMBEDDING_INPUTS_PER_BATCH:,} (line {passed_at} passes it): split "
+                       "the file into several batches", passed_at, "body.input")
+
+
 def _prompt_text(prompt: Any) -> str | None:
     if isinstance(prompt, str):
         return prompt
@@ -170,10 +248,16 @@ def _prompt_text(prompt: Any) -> str | None:
 
 
 def item_of(request: RequestLine, endpoint: str) -> dict[str, Any]:
-    """The job item a checked line runs as: the inputs of :class:`app.jobs.batches.pipeline.BatchRequest`.
+    """The job item a checked line runs as: the inputs of :class:`app.jobs.batches.pipeline.BatchRequest` (or of
+    :class:`~app.jobs.batches.pipeline.BatchEmbeddingRequest` for embeddings).
 
     The pipeline's client speaks chat, so a ``/v1/completions`` prompt is sent as one user message."""
     body = request.body
+    if endpoint == EMBEDDINGS:
+        options = {key: value for key, value in body.items() if key not in _EMBEDDING_FIELDS}
+        return {"custom_id": request.custom_id, "input": {
+            "input": body["input"], "dimensions": body.get("dimensions"),
+            "encoding_format": body.get("encoding_format") or "float", "options": options}}
     if endpoint == CHAT_COMPLETIONS:
         messages = body["messages"]
     else:

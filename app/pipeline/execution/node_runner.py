@@ -1,4 +1,5 @@
-"""How one graph node runs once its inputs are known: LLM calls, leaf modules, and inline ops."""
+"""How one graph node runs once its inputs are known: LLM calls (chats and embeddings), leaf modules, and inline
+ops."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from app.pipeline.demonstrations import as_text
 from app.pipeline.execution.state import ExecutionState
 from app.pipeline.graph import GraphNode, OpNode
 from app.pipeline.resources.errors import ConfigurationError
-from app.pipeline.resources.types import LLMRequest
+from app.pipeline.resources.types import EmbeddingRequest, LLMRequest
 from app.pipeline.values import Value, ValueKind, ValueRef, _infer_kind, error_value, unwrap
 
 _REQUEST_FIELDS = {"stop", "tools", "tool_choice", "extra_body", "temperature", "max_tokens"}
+#: ``graph_node_call`` of an endpoint call that sends ``/v1/embeddings`` (``app.pipeline.embedding.Embedding``)
+EMBEDDINGS = "embeddings"
 
 
 def is_inline(node: GraphNode) -> bool:
@@ -85,6 +88,8 @@ async def run_llm_node(
             f"node {node.id} needs the endpoint alias {module.alias!r}, but no resources were given: pass "
             "resources=ResourceConfig({...}) to run()/bind() or ExecutionSettings"
         )
+    if is_embedding_call(node):
+        return await run_embedding_node(manager, node, args, kwargs, on_ready)
     request = build_request(module, args, kwargs)
     if on_ready is not None:
         response = await manager.complete(module.alias, request, on_ready=on_ready)
@@ -115,6 +120,77 @@ async def run_llm_node(
     if module.response_format is not None and not calls:
         return Value(ValueKind.STRUCTURED, content, node.id, meta)
     return Value(ValueKind.RESPONSE, response.content, node.id, meta)
+
+
+def is_embedding_call(node: GraphNode) -> bool:
+    """Whether an endpoint-call node sends ``/v1/embeddings`` rather than a chat."""
+    return getattr(type(node.module), "graph_node_call", None) == EMBEDDINGS
+
+
+def build_embedding_request(node: GraphNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EmbeddingRequest:
+    """The embeddings request of an Embedding node: its input (a text, texts, token ids), ``dimensions`` (the
+    call's, else the module's) and ``extra_body``; a ValueError naming the node for an input it cannot send."""
+    if not args and "input" not in kwargs:
+        raise ValueError(f"{node.id} ({node.module_name}) was called without an input")
+    payload = unwrap(args[0] if args else kwargs["input"])
+    dimensions = unwrap(kwargs.get("dimensions", getattr(node.module, "dimensions", None)))
+    extra = unwrap(kwargs.get("extra_body")) or {}
+    if isinstance(payload, tuple):
+        payload = list(payload)
+    problem = _embedding_input_problem(payload)
+    if problem is not None:
+        raise ValueError(f"{node.id} ({node.module_name}): {problem}")
+    return EmbeddingRequest(payload, dimensions=dimensions, extra_body=dict(extra))
+
+
+def _embedding_input_problem(payload: Any) -> str | None:
+    if isinstance(payload, str):
+        return None if payload else "the input is an empty string; every input needs at least one character"
+    if not isinstance(payload, list):
+        return f"an embedding's input is a string or a list of strings (or token ids), not {type(payload).__name__}"
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in payload):
+        return None
+    for index, item in enumerate(payload):
+        if isinstance(item, list) and item and all(isinstance(x, int) and not isinstance(x, bool) for x in item):
+            continue
+        if isinstance(item, str) and item:
+            continue
+        if isinstance(item, str | list) and not item:
+            return f"input[{index}] is empty; every input needs at least one character or token"
+        return f"input[{index}] is a {type(item).__name__}: embed strings (or lists of token ids)"
+    if len({isinstance(item, str) for item in payload}) > 1:
+        return "the input mixes strings and token ids: send one kind per call"
+    return None
+
+
+async def run_embedding_node(
+    manager: Any,
+    node: GraphNode,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_ready: Callable[[], None] | None = None,
+) -> Value:
+    """An Embedding node: one vector for a text (or one token-id list), a list of vectors for a list."""
+    module = node.module
+    request = build_embedding_request(node, args, kwargs)
+    single = isinstance(request.input, str) or (bool(request.input) and isinstance(request.input[0], int))
+    meta: dict[str, Any] = {"alias": module.alias}
+    if not request.input:  # nothing to embed: no request
+        return Value(ValueKind.STRUCTURED, [], node.id, {**meta, "input_tokens": 0, "output_tokens": 0})
+    if on_ready is not None:
+        response = await manager.embed(module.alias, request, on_ready=on_ready)
+    else:
+        response = await manager.embed(module.alias, request)
+    vectors = [list(v) for v in response.embeddings]
+    meta.update({
+        "model": response.model,
+        "input_tokens": response.input_tokens,
+        "output_tokens": 0,
+        "dimensions": len(vectors[0]) if vectors else 0,
+        "latency_ms": response.completion_time_ms,
+        "queue_time_ms": response.queue_time_ms,
+    })
+    return Value(ValueKind.STRUCTURED, vectors[0] if single else vectors, node.id, meta)
 
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)

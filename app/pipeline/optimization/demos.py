@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.pipeline.demonstrations import Demonstrations, as_text
+from app.pipeline.execution.node_runner import is_embedding_call
 from app.pipeline.graph import GraphNode, InferenceGraph, InputNode, OpNode
 from app.pipeline.llm import LLMInference
 from app.pipeline.optimization.training import Example, as_example
@@ -100,7 +101,7 @@ def candidates_from_examples(module: Any, examples: Sequence[Any]) -> dict[str, 
         graph = Tracer().trace_values(module, *example.args, **example.kwargs)
         for node_id, target in _output_targets(graph.output_structure, example.target):
             node = graph.nodes[node_id]
-            if node.kind != "llm":
+            if not _chat_call(node):
                 continue
             prompt = _static_input(graph, node)
             if prompt is None or _is_messages(prompt):
@@ -114,7 +115,12 @@ def candidates_from_examples(module: Any, examples: Sequence[Any]) -> dict[str, 
 
 
 def _llm_nodes(graph: InferenceGraph) -> list[GraphNode]:
-    return [graph.nodes[node_id] for node_id in graph.topological_order() if graph.nodes[node_id].kind == "llm"]
+    return [graph.nodes[node_id] for node_id in graph.topological_order() if _chat_call(graph.nodes[node_id])]
+
+
+def _chat_call(node: GraphNode) -> bool:
+    """An LLM call that can be shown demonstrations (an Embedding's node is an endpoint call too, but no chat)."""
+    return node.kind == "llm" and not is_embedding_call(node)
 
 
 def _prompt_arg(node: GraphNode) -> Any:

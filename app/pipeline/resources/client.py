@@ -8,11 +8,14 @@ loop, pre-built headers and URL, bytes in and out. It never retries: the schedul
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import functools
 import json
 import re
+import sys
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,7 +28,7 @@ from app.pipeline.resources.errors import (
     ResourceError,
     TransientError,
 )
-from app.pipeline.resources.types import LLMRequest, LLMResponse
+from app.pipeline.resources.types import EmbeddingRequest, EmbeddingResponse, LLMRequest, LLMResponse
 
 try:  # orjson is optional: faster, but the stdlib json works everywhere.
     import orjson
@@ -59,6 +62,13 @@ class LLMClient(Protocol):
     async def complete(self, request: LLMRequest) -> LLMResponse: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class EmbeddingClient(Protocol):
+    """A client that also serves ``/v1/embeddings`` (the HTTP client, the server's in-process one)."""
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResponse: ...
 
 
 ClientFactory = Callable[[EndpointConfig], LLMClient]
@@ -163,6 +173,46 @@ def chat_payload(request: LLMRequest, *, model: str | None = None) -> dict[str, 
     if request.extra_body:
         payload.update(request.extra_body)
     return payload
+
+
+def embeddings_payload(request: EmbeddingRequest, *, model: str | None = None) -> dict[str, Any]:
+    """The ``/v1/embeddings`` body ``request`` stands for: floats asked for, ``extra_body`` last."""
+    payload: dict[str, Any] = {"input": request.input, "encoding_format": "float"}
+    if model is not None:
+        payload["model"] = model
+    if request.dimensions is not None:
+        payload["dimensions"] = request.dimensions
+    if request.extra_body:
+        payload.update(request.extra_body)
+    return payload
+
+
+def parse_embeddings(data: Any, expected: int, elapsed_ms: float | None = None) -> EmbeddingResponse:
+    """An OpenAI embeddings answer (``{"data": [{"index", "embedding"}], "model", "usage"}``) as an
+    EmbeddingResponse, the vectors in input order (``embedding`` as floats or as base64 little-endian float32).
+    A ValueError when it does not hold ``expected`` vectors."""
+    rows = sorted(data["data"], key=lambda row: int(row.get("index", 0)))
+    if len(rows) != expected:
+        raise ValueError(f"{len(rows)} vectors for {expected} inputs")
+    vectors = [_vector(row["embedding"]) for row in rows]
+    usage = data.get("usage") or {}
+    return EmbeddingResponse(
+        embeddings=vectors,
+        model=data.get("model"),
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_time_ms=elapsed_ms,
+    )
+
+
+def _vector(value: Any) -> list[float]:
+    if isinstance(value, str):
+        floats = array("f", base64.b64decode(value))
+        if sys.byteorder == "big":
+            floats.byteswap()
+        return floats.tolist()
+    if not isinstance(value, list):
+        raise TypeError(f"an embedding is a list of floats or a base64 string, not {type(value).__name__}")
+    return [float(x) for x in value]
 
 
 def parse_retry_after(headers: Any) -> float | None:
@@ -277,20 +327,36 @@ class OpenAICompatibleClient:
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         """Send one chat request; raises RateLimitError, TransientError or ResourceError on failure."""
-        body = _dumps(self.build_payload(request))
+        raw, elapsed_ms = await self._post(self._url, self.build_payload(request))
+        return self._parse(raw, elapsed_ms)
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResponse:
+        """Send one ``/v1/embeddings`` request (floats asked for; a base64 answer is decoded too)."""
+        url = f"{self.base_url}/embeddings"
+        raw, elapsed_ms = await self._post(url, embeddings_payload(request, model=self.config.model))
+        try:
+            return parse_embeddings(_loads(raw), len(request.inputs()), elapsed_ms)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise TransientError(
+                f"{self.base_url} returned unreadable embeddings ({exc}): {raw[:200]!r}", status=200, alias=self.alias
+            ) from exc
+
+    async def _post(self, url: str, payload: dict[str, Any]) -> tuple[bytes, float]:
+        """POST ``payload`` to ``url``: the 200 answer's body and the milliseconds it took, or the error."""
+        body = _dumps(payload)
         session = self._get_session()
         start = time.perf_counter()
         try:
-            async with session.post(self._url, data=body, timeout=self._timeout) as resp:
+            async with session.post(url, data=body, timeout=self._timeout) as resp:
                 status = resp.status
                 raw = await resp.read()
                 if status != 200:
-                    raise self._status_error(status, raw, resp.headers)
+                    raise self._status_error(status, raw, resp.headers, url)
         except ResourceError:
             raise
         except TimeoutError as exc:  # aiohttp's timeouts subclass asyncio.TimeoutError (== TimeoutError)
             raise TransientError(
-                f"request to {self._url} timed out after {self.config.timeout:g}s "
+                f"request to {url} timed out after {self.config.timeout:g}s "
                 "(raise the endpoint's timeout if the model is just slow)",
                 alias=self.alias,
             ) from exc
@@ -303,10 +369,9 @@ class OpenAICompatibleClient:
             raise TransientError(
                 f"connection to {self.base_url} failed: {type(exc).__name__}: {exc}", alias=self.alias
             ) from exc
-        elapsed_ms = (time.perf_counter() - start) * 1000.0
-        return self._parse(raw, elapsed_ms)
+        return raw, (time.perf_counter() - start) * 1000.0
 
-    def _status_error(self, status: int, raw: bytes, headers: Any) -> ResourceError:
+    def _status_error(self, status: int, raw: bytes, headers: Any, url: str) -> ResourceError:
         message = _error_message(raw)
         where = f"{self.config.provider}/{self.config.model}"
         if status == 429:
@@ -324,7 +389,7 @@ class OpenAICompatibleClient:
                 alias=self.alias,
             )
         if status == 404:
-            message += f" (POST {self._url}; check that base_url ends with the API root, e.g. '/v1')"
+            message += f" (POST {url}; check that base_url ends with the API root, e.g. '/v1')"
         return ResourceError(f"{where} answered {status}: {message}", status=status, alias=self.alias)
 
     def _parse(self, raw: bytes, elapsed_ms: float) -> LLMResponse:

@@ -7,15 +7,18 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from app.pipeline.resources.client import LLMClient, create_client
 from app.pipeline.resources.config import EndpointConfig, ResourceConfig
 from app.pipeline.resources.errors import ConfigurationError, RateLimitError, ResourceError
 from app.pipeline.resources.rate_limit import RateLimiter
-from app.pipeline.resources.types import LLMRequest, LLMResponse
+from app.pipeline.resources.types import EmbeddingRequest, EmbeddingResponse, LLMRequest, LLMResponse
+
+#: what a call returns (an LLMResponse or an EmbeddingResponse)
+_Answer = TypeVar("_Answer", LLMResponse, EmbeddingResponse)
 
 
 @dataclass
@@ -140,6 +143,7 @@ class ResourceManager:
 
     ``await manager.complete(alias, request)``: pick an endpoint of the alias, take a concurrency slot
     (``max_concurrent``), wait for the endpoint's rate limiter (``rate_limit`` rpm), call it, record metrics.
+    ``await manager.embed(alias, EmbeddingRequest)`` does the same for ``/v1/embeddings`` (an ``Embedding`` call).
     A 429 slows the limiter down for every caller and honours Retry-After; errors are re-raised for the scheduler,
     which owns retries. Nothing here is tied to one event loop, so a manager can serve several ``asyncio.run``s.
     """
@@ -237,6 +241,29 @@ class ResourceManager:
     ) -> LLMResponse:
         """Run one request against an endpoint of ``alias``; raises the client's ResourceError subclasses.
         ``on_ready`` is called when the slot and rate token are held and the request leaves (profiling waits)."""
+        return await self._call(alias, lambda client: client.complete(request), on_ready)
+
+    async def embed(
+        self, alias: str, request: EmbeddingRequest, *, on_ready: Callable[[], None] | None = None
+    ) -> EmbeddingResponse:
+        """One ``/v1/embeddings`` request to an endpoint of ``alias``, under the same slots, rate limits, 429
+        handling and metrics as :meth:`complete` (its input tokens count; it generates none)."""
+
+        def send(client: LLMClient) -> Awaitable[EmbeddingResponse]:
+            embed = getattr(client, "embed", None)
+            if embed is None:
+                raise ConfigurationError(
+                    f"the endpoint of alias {alias!r} ({type(client).__name__}) does not serve embeddings; map "
+                    "the alias to an OpenAI-compatible endpoint with /v1/embeddings (openai, vllm, our server)"
+                )
+            answer: Awaitable[EmbeddingResponse] = embed(request)
+            return answer
+
+        return await self._call(alias, send, on_ready)
+
+    async def _call(
+        self, alias: str, send: Callable[[LLMClient], Awaitable[_Answer]], on_ready: Callable[[], None] | None
+    ) -> _Answer:
         ep = self._pick(alias)
         client = self._client(ep)
         ep.pending += 1
@@ -260,7 +287,7 @@ class ResourceManager:
                     on_ready()
                 ep.active += 1
                 try:
-                    response = await client.complete(request)
+                    response = await send(client)
                 except RateLimitError as exc:
                     if exc.alias is None:
                         exc.alias = alias
@@ -283,7 +310,8 @@ class ResourceManager:
         finally:
             ep.pending -= 1
         latency_ms = (time.perf_counter() - start) * 1000.0
-        ep.metrics.record_success(latency_ms, response.input_tokens, response.output_tokens, queue_ms)
+        output_tokens = int(getattr(response, "output_tokens", 0) or 0)
+        ep.metrics.record_success(latency_ms, response.input_tokens, output_tokens, queue_ms)
         if ep.limiter is not None:
             ep.limiter.recover()
         response.queue_time_ms = queue_ms

@@ -45,3 +45,36 @@ class LLMResponse:
     time_to_first_token_ms: float | None = None
     completion_time_ms: float | None = None
     queue_time_ms: float | None = None
+
+
+#: what an embeddings request embeds: a text, texts, one token-id list, or token-id lists (OpenAI's ``input``)
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+
+
+@dataclass(slots=True)
+class EmbeddingRequest:
+    """One ``/v1/embeddings`` request: ``input`` as OpenAI takes it; ``dimensions`` shortens the vectors (models
+    that can); ``extra_body`` fields are sent as they are, last."""
+
+    input: EmbeddingInput
+    dimensions: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def inputs(self) -> list[Any]:
+        """The inputs as a list (one text or one token-id list becomes a list of one)."""
+        value = self.input
+        if isinstance(value, str) or (value and isinstance(value[0], int)):
+            return [value]
+        return list(value)
+
+
+@dataclass(slots=True)
+class EmbeddingResponse:
+    """What an embeddings endpoint answered: one vector per input, in input order; ``input_tokens`` is the
+    endpoint's ``usage.prompt_tokens`` (0 when it reports none); timings in milliseconds."""
+
+    embeddings: list[list[float]]
+    model: str | None = None
+    input_tokens: int = 0
+    completion_time_ms: float | None = None
+    queue_time_ms: float | None = None

@@ -244,7 +244,7 @@ def test_bad_batch_requests_write_nothing(server: Server) -> None:
     jobs_file = server.client.files.create(file=("in.jsonl", b'{"custom_id": "a", "input": "x"}\n'),
                                            purpose="user_data").id
     cases = [
-        ({"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"}, "endpoint"),
+        ({"input_file_id": file_id, "endpoint": "/v1/responses", "completion_window": "24h"}, "endpoint"),
         ({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "48h"},
          "completion_window"),
         ({"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "24h"},

@@ -114,7 +114,7 @@ BAD_UPLOADS = [
     (_jsonl(_request("a"), "{oops"), "batch", 400, "line 2 is not valid JSON"),
     (_jsonl(_request("a"), _request("a")), "batch", 400, "duplicate custom_id 'a'"),
     (_jsonl(_request("a", method="GET")), "batch", 400, "method must be 'POST'"),
-    (_jsonl(_request("a", url="/v1/embeddings")), "batch", 400, "url '/v1/embeddings' is not supported"),
+    (_jsonl(_request("a", url="/v1/responses")), "batch", 400, "url '/v1/responses' is not supported"),
     (_jsonl(_request("a", body="hello")), "batch", 400, "body must be a JSON object"),
     (_jsonl({"method": "POST", "url": "/v1/completions", "body": {}}), "batch", 400, "custom_id must be"),
     (_jsonl({**_request("a"), "custom_id": 7}), "batch", 400, "custom_id must be"),

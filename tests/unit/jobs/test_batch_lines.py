@@ -40,7 +40,7 @@ def test_parses_lines_and_skips_blank_ones() -> None:
         ({**_line("x"), "custom_id": ""}, "custom_id must be a non-empty string", "custom_id"),
         ({**_line("x"), "custom_id": "y" * 256}, "longer than 255", "custom_id"),
         ({**_line("x"), "method": "PUT"}, "method must be 'POST'", "method"),
-        ({**_line("x"), "url": "/v1/embeddings"}, "url '/v1/embeddings' is not supported", "url"),
+        ({**_line("x"), "url": "/v1/responses"}, "url '/v1/responses' is not supported", "url"),
         ({**_line("x"), "body": ["a"]}, "body must be a JSON object", "body"),
         (_line("a"), "duplicate custom_id 'a' (first used on line 1)", "custom_id"),
     ],
