@@ -29,6 +29,8 @@ from tinygrad import UOp
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
+from app.engine.frameworks.tinygrad.tuning import PRODUCT_PREFIX
+
 __all__ = [
     "attention_scores_kernel",
     "attention_values_kernel",
@@ -103,7 +105,7 @@ def product_kernel(
     if "residual" in sources:
         acc = acc + sources["residual"][t, col]
     upcasts = [(j, p), (t, row_tile), (inner, panel_tile)] if row_tile else []
-    info = _info(f"product_{rows}_{k}_{n}", [outer, t, inner, j], upcasts)
+    info = _info(f"{PRODUCT_PREFIX}{rows}_{k}_{n}", [outer, t, inner, j], upcasts)
     return out[t, col].store(acc).end(outer, t, inner, j).sink(arg=info)
 
 
@@ -154,12 +156,13 @@ def attention_scores_kernel(
 
 
 def attention_values_kernel(
-    out: UOp, probs: UOp, v_cache: UOp, tables: UOp, layer: UOp, *, lanes: int, heads: int
+    out: UOp, weights: UOp, v_cache: UOp, tables: UOp, layer: UOp, *, lanes: int, heads: int
 ) -> UOp:
-    """``out[t, h, g] = sum_j probs[t, h, g, j] * value(j)`` over the key positions ``j`` of row ``t``'s table.
-    Every block of the table is read (the scratch block pads it, and masked probabilities are 0), so the inner loop
-    has no branch. Each step loads ``lanes`` dimensions of one value row as a vector; tile: those lanes x ``heads``
-    query heads of the group."""
+    """``out[t, h, g] = sum_j e_j value(j) / sum_j e_j`` over the key positions ``j`` of row ``t``'s table, for
+    unnormalised softmax weights ``e [T, kv_heads, group, W * bs]`` (0 where masked): the softmax's division is done
+    here, once per output. Every block of the table is read (the scratch block pads it), so the inner loop has no
+    branch. Each step loads ``lanes`` dimensions of one value row as a vector; tile: those lanes x ``heads`` query
+    heads of the group."""
     rows, kv_heads, group, head_dim = out.shape
     layers, blocks, _, block_size, _ = v_cache.shape
     width = tables.shape[1]
@@ -170,8 +173,9 @@ def attention_values_kernel(
     block = _bounded(layer[0], layers, w) * blocks + _bounded(tables[t, w], blocks, w)
     row = (block * kv_heads + h) * block_size + o
     value = _vector_load(v_cache, row * head_dim + dc * lanes, lanes)
-    p = probs[t, h, g, w * block_size + o]
-    sums = [(p * value.index(i)).reduce(w, o, arg=Ops.ADD) for i in range(lanes)]
-    stores = UOp.group(*(out[t, h, g, dc * lanes + i].store(acc) for i, acc in enumerate(sums)))
+    e = weights[t, h, g, w * block_size + o]
+    total = e.reduce(w, o, arg=Ops.ADD)
+    sums = [(e * value.index(i)).reduce(w, o, arg=Ops.ADD) for i in range(lanes)]
+    stores = UOp.group(*(out[t, h, g, dc * lanes + i].store(acc / total) for i, acc in enumerate(sums)))
     info = _info(f"attn_values_{rows}_{width * block_size}", [t, h, dc, g], [(g, heads)])
     return stores.end(t, h, dc, g).sink(arg=info)

@@ -182,7 +182,8 @@ def paged_attention(
     scores_fxn = functools.partial(kernels.attention_scores_kernel, scale=scale, lanes=key_lanes, heads=heads_s)
     scores = _custom(scores_fxn, (rows, kv_heads, group, width), qg, k_cache, block_tables, positions, layer)
     visible = Tensor.arange(width, dtype=dtypes.int32).reshape(1, 1, 1, width) <= positions.reshape(rows, 1, 1, 1)
-    probs = visible.where(scores, -math.inf).softmax(-1).contiguous()
+    masked = visible.where(scores, -math.inf)
+    weights = (masked - masked.max(-1, keepdim=True)).exp().contiguous()  # softmax before its division
     values_fxn = functools.partial(kernels.attention_values_kernel, lanes=dim_lanes, heads=heads_v)
-    out = _custom(values_fxn, (rows, kv_heads, group, head_dim), probs, v_cache, block_tables, layer)
+    out = _custom(values_fxn, (rows, kv_heads, group, head_dim), weights, v_cache, block_tables, layer)
     return out.reshape(rows, heads * head_dim)

@@ -29,11 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 from tinygrad import Tensor, TinyJit, dtypes
+from tinygrad.helpers import Context
 
 from app.engine.config import ModelConfig
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
 from app.engine.frameworks.tinygrad import tuning
+from app.engine.frameworks.tinygrad.layers import dims
 from app.engine.frameworks.tinygrad.models import StepTensors, TinyCausalLM, build_model
 from app.engine.hidden_states import CaptureStore
 from app.engine.model_runner import RunnerTimings
@@ -48,8 +50,15 @@ MIN_KEYS = 128
 #: steps of at most this many rows return the logits of every row (one head bucket per row bucket): decodes sample
 #: every row anyway
 SAMPLE_ALL_ROWS = 16
-#: steps of fewer rows run on one thread
-MIN_SPLIT_ROWS = 8
+#: a step runs on several threads when its rows times a layer's weight bytes reach this: below it (few rows, or a
+#: small model) a kernel takes less time than the Python launching it, and a second thread gains nothing
+MIN_SPLIT_WORK = 64 << 20
+
+
+def in_process() -> Context:
+    """Compile in this process: tinygrad's worker processes would compile the product kernels without the load
+    handling :func:`.tuning.configure` installs here (correct, but slower kernels)."""
+    return Context(PARALLEL=0)
 
 
 def bucket(n: int) -> int:
@@ -102,7 +111,8 @@ class _Jit:
     def __call__(self, *args: Tensor) -> Any:
         captured = self.jit.captured
         if captured is None:
-            return self.jit(*args)
+            with in_process():
+                return self.jit(*args)
         return captured([a.uop.base for a in args], {})
 
 
@@ -278,6 +288,7 @@ class TinygradRunner:
         # one for a new sampling count
         self.num_compilations = 0
         self.weights = [model.layer_weights(i) for i in range(config.num_layers)]
+        self._layer_bytes = sum(int(np.prod(dims(t))) * 4 for t in self.weights[0])
         self.shards = [_Shard(self) for _ in range(max(1, threads))]
         self._pool = ThreadPoolExecutor(len(self.shards) - 1) if len(self.shards) > 1 else None
 
@@ -287,9 +298,9 @@ class TinygradRunner:
 
     def _split(self, counts: np.ndarray) -> list[int]:
         """Where the scheduled sequences are cut between shards: about equal rows each, whole sequences only; one
-        shard for small steps (a few rows gain less from a second thread than its launches cost)."""
+        shard for small steps (see :data:`MIN_SPLIT_WORK`)."""
         total, n = int(counts.sum()), len(self.shards)
-        if n == 1 or len(counts) < n or total < MIN_SPLIT_ROWS:
+        if n == 1 or len(counts) < n or total * self._layer_bytes < MIN_SPLIT_WORK:
             return [len(counts)]
         cum = counts.cumsum()
         cuts = [int(np.searchsorted(cum, total * (i + 1) / n)) + 1 for i in range(n - 1)]
@@ -375,7 +386,8 @@ def layer_outputs(model: torch.nn.Module, model_config: ModelConfig, token_ids: 
     step = StepTensors(tensor(positions), tensor(positions), tensor(tables))
     collect: dict[str, Tensor] = {}
     logits = tiny.forward(tensor(np.asarray(token_ids)), step, tensor(positions), cache, cache.layer_ids, collect)
-    Tensor.realize(logits, *collect.values())
+    with in_process():
+        Tensor.realize(logits, *collect.values())
     result = {name: t.numpy().astype(np.float32) for name, t in collect.items()}
     result["logits"] = logits.numpy().astype(np.float32)
     return result

@@ -25,8 +25,12 @@ tensors and its KV cache (host memory used in place) must share one device.
 
 from __future__ import annotations
 
+from typing import Any
+
 #: output columns per weight panel: one 16-float row of a panel is two 256-bit registers
-PANEL = 8
+PANEL = 16
+#: the names of the product kernels (:func:`.kernels.product_kernel`), whose loads are left ungrouped
+PRODUCT_PREFIX = "product_"
 #: products whose weight is at least this large get the register tile; smaller ones stay in cache whatever the loop
 #: order, and compile faster without it (tinygrad's code generation is slow with large tiles)
 TILE_MIN_WEIGHT_BYTES = 1 << 20
@@ -40,13 +44,23 @@ _configured = False
 
 
 def configure() -> None:
-    """Pin tinygrad's default device to the CPU (idempotent)."""
+    """Pin tinygrad's default device to the CPU, and keep the loads of our product kernels ungrouped (see the module
+    docstring); idempotent."""
     global _configured
     if _configured:
         return
+    import tinygrad.codegen as codegen
     from tinygrad.helpers import DEV
 
     DEV.value = "CPU"
+    grouped = getattr(codegen, "memory_coalescing", None)
+    if grouped is not None:  # (a tinygrad without it compiles the products with float4 loads: correct, slower)
+
+        def memory_coalescing(sink: Any, ctx: Any) -> Any:
+            name = getattr(sink.arg, "name", "")
+            return sink if isinstance(name, str) and name.startswith(PRODUCT_PREFIX) else grouped(sink, ctx)
+
+        codegen.memory_coalescing = memory_coalescing  # type: ignore[assignment]
     _configured = True
 
 
@@ -66,11 +80,11 @@ def product_opts(rows: int, n_panels: int, in_features: int, sums: int = 1) -> t
         fits = max(1, GROUP_BYTES // panel_bytes)
         group = max(g for g in range(1, fits + 1) if n_panels % g == 0)
     # at most 32 accumulators (8 of the 16 vector registers): a SwiGLU product keeps two sums per output
-    row_tile = next((t for t in _ROW_TILES if rows % t == 0 and t * PANEL * sums <= 32), 1)
+    row_tile = next((t for t in _ROW_TILES if rows % t == 0 and t * PANEL * sums <= 64), 1)
     # a row or two streams the weight: several panels per step keep independent sums in flight (one panel's two
     # accumulators wait on the previous step's sums: 3-7 GB/s)
     panel_tile = next(
-        (t for t in _PANEL_TILES if rows <= 2 and group % t == 0 and t * row_tile * PANEL * sums <= 32), 1
+        (t for t in _PANEL_TILES if rows <= 2 and group % t == 0 and t * row_tile * PANEL * sums <= 64), 1
     )
     return group, row_tile, panel_tile
 
