@@ -23,9 +23,9 @@ if importlib.util.find_spec("tinygrad") is None:
 if shutil.which("clang") is None:
     pytest.skip("tinygrad's CPU device needs clang", allow_module_level=True)
 
-from app.engine import LLMEngine, SamplingParams  # noqa: E402
-from tests.support.engine_models import TINY_CONFIGS, TINY_NAMES, build_hf_model, hf_greedy, save_hf_model  # noqa: E402
-from tests.support.engine_runtime import random_prompts  # noqa: E402
+from app.engine import LLMEngine, SamplingParams
+from tests.support.engine_models import TINY_CONFIGS, TINY_NAMES, build_hf_model, hf_greedy, save_hf_model
+from tests.support.engine_runtime import random_prompts
 
 NEW_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
