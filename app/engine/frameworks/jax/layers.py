@@ -23,6 +23,10 @@ Array = Any  # jax.Array; jax's own annotations are awkward around tracers and p
 # Below this many parameters a step takes microseconds whatever the code generation, and compiling it is what
 # costs (each shape is seconds of LLVM on a small CPU): such models compile without LLVM's optimisations.
 FAST_COMPILE_PARAMS = 20_000_000
+# Matrix products by XLA's own (Eigen) kernels rather than the YNNPACK fusions jax 0.10 picks on CPU: as fast for
+# a 64-row decode of SmolLM2 and ~25% faster for 8 rows here, and they keep to one thread per core (YNNPACK ran
+# four threads on two cores, which hurts as soon as anything else runs).
+_DOT_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 # Masked attention scores: finite, so a row with every key masked (a padding row) stays finite instead of NaN;
 # exp() of it underflows to exactly 0 next to any real score, so real rows are the same as with -inf.
@@ -82,7 +86,9 @@ def jitted(
 ) -> Any:
     """``jax.jit(fn)`` with these static and donated arguments, compiled fast (unoptimised) or not; one
     wrapper per combination, so its compiled shapes are shared by every runner in the process."""
-    options = {"xla_backend_optimization_level": 0} if fast_compile else None
+    options: dict[str, Any] = dict(_DOT_OPTIONS)
+    if fast_compile:
+        options["xla_backend_optimization_level"] = 0
     return jax.jit(fn, static_argnames=static, donate_argnames=donate, compiler_options=options)
 
 

@@ -81,6 +81,13 @@ def bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def decode_rows(n: int) -> int:
+    """The padded batch of a decode step: one sequence alone runs one row (a matrix-vector product reads the
+    weights ~4x faster than the 8-row product), more are padded to a power of two, at least ``MIN_SEQS`` (2 to
+    8 rows cost about the same)."""
+    return 1 if n == 1 else bucket(n, MIN_SEQS)
+
+
 # ---- the traced step functions ---------------------------------------------------------------------------
 # A step runs as jitted pieces: the embeddings, then ONE compiled block called once per layer (every layer has
 # the same shapes, and its weights, cache and mirror are arguments), then the logits. Compiling one block instead
@@ -115,35 +122,28 @@ def _layer_step(
         k_cache = write_kv(cache[0], batch["slots"], k)
         v_cache = write_kv(cache[1], batch["slots"], v)
         new["cache"] = (k_cache, v_cache)
-        if kind == "mirror":
-            assert mirror is not None
-            k_t, v_rows = append_rows(mirror[0], mirror[1], batch["positions"], k, v)
-            new["mirror"] = (k_t, v_rows)
-            return dense_decode_attention(q, k_t, v_rows, batch["context_lens"], spec.scale)
         if kind == "decode":  # row i is sequence i
             tables, context = batch["tables"], batch["context_lens"]
             return decode_attention(q, k_cache, v_cache, tables, context, spec.scale, block_size)
-        return _mixed_attention(q, k_cache, v_cache, batch, spec, block_size)
+        parts = []
+        if mirror is not None:  # the first rows are the mirror's rows
+            rows = batch["mirror_ctx"].shape[0]
+            k_t, v_rows = append_rows(mirror[0], mirror[1], batch["positions"][:rows], k[:rows], v[:rows])
+            new["mirror"] = (k_t, v_rows)
+            parts.append(dense_decode_attention(q[:rows], k_t, v_rows, batch["mirror_ctx"], spec.scale))
+            if kind == "mirror":
+                return parts[0]
+        elif batch["dec_rows"].shape[0]:
+            qd, tables, context = q[batch["dec_rows"]], batch["dec_tables"], batch["dec_ctx"]
+            parts.append(decode_attention(qd, k_cache, v_cache, tables, context, spec.scale, block_size))
+        qp = q[batch["pre_rows"]]  # [Bp, Q, heads, d]
+        tables, context, first = batch["pre_tables"], batch["pre_ctx"], batch["pre_start"]
+        parts.append(prefill_attention(qp, k_cache, v_cache, tables, context, first, spec.scale, block_size))
+        out = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
+        return out[batch["out_rows"]]
 
     x = block(p, spec, x, rope, attend)
     return x, new["cache"], new["mirror"]
-
-
-def _mixed_attention(
-    q: Array, k_cache: Array, v_cache: Array, b: dict[str, Array], spec: ModelSpec, block_size: int
-) -> Array:
-    """The one-token rows attend as decodes, the chunks as query blocks; each flat row then takes its output."""
-    parts = []
-    if b["dec_rows"].shape[0]:
-        qd = q[b["dec_rows"]]
-        parts.append(
-            decode_attention(qd, k_cache, v_cache, b["dec_tables"], b["dec_ctx"], spec.scale, block_size)
-        )
-    qp = q[b["pre_rows"]]  # [Bp, Q, heads, d]
-    tables, context, start = b["pre_tables"], b["pre_ctx"], b["pre_start"]
-    parts.append(prefill_attention(qp, k_cache, v_cache, tables, context, start, spec.scale, block_size))
-    out = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
-    return out[b["out_rows"]]
 
 
 def _head_step(top: Params, x: Array, rows: Array | None, *, spec: ModelSpec) -> Array:
@@ -157,7 +157,8 @@ def _head_step(top: Params, x: Array, rows: Array | None, *, spec: ModelSpec) ->
 class StepInputs:
     """One step's padded arrays, and how to read its logits back."""
 
-    kind: str  # "decode" (paged), "mirror" (decode over the mirror rows) or "mixed"
+    # "decode" (paged), "mirror" (decode over the mirror rows), "mixed" (chunks, decodes paged) or "mixed_mirror"
+    kind: str
     batch: dict[str, np.ndarray]
     sample_rows: np.ndarray  # rows of the step's logits to return, in the order of sampling_seqs
     sampling_seqs: list[Sequence]
@@ -197,7 +198,7 @@ class StepBuilder:
     def decode(self, seqs: list[Sequence], starts: np.ndarray) -> StepInputs:
         """Every sequence one token at ``starts`` (its ``num_computed_tokens``), through the paged cache."""
         n, bs = len(seqs), self.block_size
-        rows = bucket(n, MIN_SEQS)
+        rows = decode_rows(n)
         tables = self.tables(seqs, rows, self.width(int(starts.max()) + 1))
         positions = _padded(starts, rows, 0)
         ids = _padded(np.fromiter((s.token_ids[s.num_computed_tokens] for s in seqs), np.int64, n), rows, 0)
@@ -224,46 +225,56 @@ class StepBuilder:
         slots[at] = blocks * bs + starts % bs
         context = np.ones(rows, dtype=np.int32)  # padding rows see one key: finite, never used
         context[at] = starts + 1
-        batch = {"ids": ids, "positions": positions, "slots": slots, "context_lens": context}
+        batch = {"ids": ids, "positions": positions, "slots": slots, "mirror_ctx": context}
         sampling = [i for i, s in enumerate(seqs) if s.num_computed_tokens + 1 == s.num_tokens]
         return StepInputs("mirror", batch, at[sampling], [seqs[i] for i in sampling], len(seqs))
 
-    def mixed(self, seqs: list[Sequence], num_sched: dict[int, int]) -> StepInputs:
-        """The one-token sequences' rows first, then the prefill chunks', all over one table width; see
-        :meth:`_decode_part` and :meth:`_prefill_part`."""
+    def mixed(self, seqs: list[Sequence], num_sched: dict[int, int], plan: MirrorPlan | None) -> StepInputs:
+        """Prefill chunks, and any one-token sequences: those fill the first rows (each in its mirror row when
+        ``plan`` places them, else in order), then the chunks' tokens follow; see :meth:`_decode_part` and
+        :meth:`_prefill_part`."""
         bs = self.block_size
-        order = [s for s in seqs if num_sched[s.seq_id] == 1] + [s for s in seqs if num_sched[s.seq_id] > 1]
-        num_dec = sum(1 for s in seqs if num_sched[s.seq_id] == 1)
-        qlens = np.fromiter((num_sched[s.seq_id] for s in order), dtype=np.int64, count=len(order))
-        starts = np.fromiter((s.num_computed_tokens for s in order), dtype=np.int64, count=len(order))
-        ends = starts + qlens
-        total = int(qlens.sum())
-        num_rows = bucket(total, MIN_TOKENS)
-        first_row = np.cumsum(qlens) - qlens
-        seq_of = np.repeat(np.arange(len(order)), qlens)
-        positions = np.arange(total) - (first_row - starts)[seq_of]
-        tables = self.tables(order, len(order), self.width(int(ends.max())))
-        ids = [t for s, a, e in zip(order, starts, ends, strict=True) for t in s.token_ids[a:e]]
-        batch = {
-            "ids": _padded(np.asarray(ids, dtype=np.int64), num_rows, 0),
-            "positions": _padded(positions, num_rows, 0),
-            "slots": _padded(
-                tables[seq_of, positions // bs] * bs + positions % bs, num_rows, self.scratch_slot
-            ),
-        }
-        dec_rows = self._decode_part(batch, tables[:num_dec], starts[:num_dec])
-        out_rows = self._prefill_part(
-            batch, tables[num_dec:], qlens[num_dec:], starts[num_dec:], first_row[num_dec:], dec_rows
-        )
-        out_rows[:num_dec] = np.arange(num_dec)
+        dec = [s for s in seqs if num_sched[s.seq_id] == 1]
+        pre = [s for s in seqs if num_sched[s.seq_id] > 1]
+        dec_starts = np.fromiter((s.num_computed_tokens for s in dec), dtype=np.int64, count=len(dec))
+        qlens = np.fromiter((num_sched[s.seq_id] for s in pre), dtype=np.int64, count=len(pre))
+        starts = np.fromiter((s.num_computed_tokens for s in pre), dtype=np.int64, count=len(pre))
+        segment = plan.num_rows if plan is not None else len(dec)  # the rows before the chunks
+        dec_at = plan.rows if plan is not None else np.arange(len(dec))
+        first_rows = segment + np.cumsum(qlens) - qlens
+        num_tokens = int(qlens.sum())
+        num_rows = bucket(segment + num_tokens, MIN_TOKENS)
+        longest = max(int((starts + qlens).max()), int(dec_starts.max()) + 1 if dec else 0)
+        tables = self.tables(dec + pre, len(dec) + len(pre), self.width(longest))
+        ids = np.zeros(num_rows, dtype=np.int32)
+        positions = np.zeros(num_rows, dtype=np.int32)
+        slots = np.full(num_rows, self.scratch_slot, dtype=np.int32)
+        ids[dec_at] = [s.token_ids[s.num_computed_tokens] for s in dec]
+        positions[dec_at] = dec_starts
+        slots[dec_at] = tables[np.arange(len(dec)), dec_starts // bs] * bs + dec_starts % bs
+        owner = np.repeat(np.arange(len(pre)), qlens)
+        chunk_pos = starts[owner] + np.arange(num_tokens) - (first_rows - segment)[owner]
+        rows = slice(segment, segment + num_tokens)
+        ids[rows] = [t for s, a, n in zip(pre, starts, qlens, strict=True) for t in s.token_ids[a : a + n]]
+        positions[rows] = chunk_pos
+        slots[rows] = tables[len(dec) + owner, chunk_pos // bs] * bs + chunk_pos % bs
+        batch = {"ids": ids, "positions": positions, "slots": slots}
+        if plan is not None:
+            batch["mirror_ctx"] = np.ones(segment, dtype=np.int32)
+            batch["mirror_ctx"][dec_at] = dec_starts + 1
+            dec_outputs = segment
+        else:
+            dec_outputs = self._decode_part(batch, tables[: len(dec)], dec_starts)
+        out_rows = self._prefill_part(batch, tables[len(dec) :], qlens, starts, first_rows, dec_outputs)
+        out_rows[:segment] = np.arange(segment)  # the decode outputs come in row order
         batch["out_rows"] = out_rows
-        index = {id(s): i for i, s in enumerate(order)}
+        row_of = {id(s): int(r) for s, r in zip(dec, dec_at, strict=True)}
+        row_of.update({id(s): int(f + n - 1) for s, f, n in zip(pre, first_rows, qlens, strict=True)})
         sampling = [s for s in seqs if s.num_computed_tokens + num_sched[s.seq_id] == s.num_tokens]
-        last_rows = np.asarray(
-            [first_row[index[id(s)]] + qlens[index[id(s)]] - 1 for s in sampling], np.int64
-        )
-        batch["sample_rows"] = _padded(last_rows, dec_rows + len(batch["pre_ctx"]), 0)
-        return StepInputs("mixed", batch, np.arange(len(sampling)), sampling, total)
+        last_rows = np.asarray([row_of[id(s)] for s in sampling], dtype=np.int64)
+        batch["sample_rows"] = _padded(last_rows, dec_outputs + len(batch["pre_ctx"]), 0)
+        kind = "mixed" if plan is None else "mixed_mirror"
+        return StepInputs(kind, batch, np.arange(len(sampling)), sampling, len(dec) + num_tokens)
 
     def _decode_part(self, batch: dict[str, np.ndarray], tables: np.ndarray, starts: np.ndarray) -> int:
         """The one-token sequences' rows, tables and context lengths (padded); returns their row bucket."""
@@ -367,20 +378,23 @@ class JaxRunner:
         self.step_shapes: set[tuple[Any, ...]] = set()  # the distinct padded shapes run so far
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
-        """The step's padded inputs: over the mirror when every sequence decodes and it fits, else paged."""
+        """The step's padded inputs: the one-token sequences over the mirror where it fits, else paged."""
         seqs = out.scheduled
         if not seqs:
             raise ValueError("nothing scheduled: the runner needs at least one sequence")
         for seq in out.preempted:
             self.mirror.forget(seq.seq_id)
         num_sched = out.num_scheduled_tokens
-        if any(num_sched[s.seq_id] != 1 for s in seqs):
-            return self.builder.mixed(seqs, num_sched)
-        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=len(seqs))
-        traces = self.mirror.num_traces
-        rows, width = bucket(len(seqs), MIN_SEQS), self.builder.width(int(starts.max()) + 1)
-        plan = self.mirror.plan(seqs, starts, rows, width, self.caches)
-        self.num_compilations += self.mirror.num_traces - traces
+        dec = [s for s in seqs if num_sched[s.seq_id] == 1]
+        plan = None
+        if dec:
+            starts = np.fromiter((s.num_computed_tokens for s in dec), dtype=np.int64, count=len(dec))
+            traces = self.mirror.num_traces
+            rows, width = decode_rows(len(dec)), self.builder.width(int(starts.max()) + 1)
+            plan = self.mirror.plan(dec, starts, rows, width, self.caches)
+            self.num_compilations += self.mirror.num_traces - traces
+        if len(dec) < len(seqs):
+            return self.builder.mixed(seqs, num_sched, plan)
         if plan is None:
             return self.builder.decode(seqs, starts)
         return self.builder.mirrored(seqs, starts, plan)
@@ -407,7 +421,7 @@ class JaxRunner:
         layer_fn = jitted(_layer_step, fast, ("spec", "block_size", "kind"), ("cache", "mirror"))
         head_fn = jitted(_head_step, fast, ("spec",), ())
         batch = jax.device_put(step.batch)  # once: every layer reads the same arrays
-        mirror = self.mirror.arrays if kind == "mirror" else None
+        mirror = self.mirror.arrays if kind in ("mirror", "mixed_mirror") else None
         x, rope = embed_fn(self.top, batch["ids"], batch["positions"], spec=spec)
         for i, p in enumerate(self.params["layers"]):
             m = None if mirror is None else mirror[i]
@@ -416,7 +430,7 @@ class JaxRunner:
             )
             if mirror is not None:
                 mirror[i] = m
-        logits = head_fn(self.top, x, batch["sample_rows"] if kind == "mixed" else None, spec=spec)
+        logits = head_fn(self.top, x, batch.get("sample_rows"), spec=spec)
         host = np.asarray(logits)  # waits for the step
         self.num_compilations += _traces[0] - before
         self.step_shapes.add(step.shape_key)
@@ -424,14 +438,18 @@ class JaxRunner:
         return torch.from_numpy(host[step.sample_rows])
 
     def warmup(self) -> None:
-        """Compile the smallest decode and prefill shapes (every row padding: they write only the scratch
-        block and free mirror rows), so a first short request does not wait for both."""
-        rows, width, scratch = MIN_SEQS, self.builder.min_width, self.num_blocks
+        """Compile a one-sequence decode and the smallest prefill (every row padding: they write only the
+        scratch block and a free mirror row), so a first short request does not wait for them."""
+        rows, width, scratch = (
+            1,
+            self.builder.min_width,
+            self.num_blocks,
+        )  # one sequence: a chat's first request
         if self.mirror.nbytes(rows, width) <= self.mirror.max_bytes:
             self.mirror.allocate(rows, width)
             zeros = np.zeros(rows, dtype=np.int32)
             decode = {"ids": zeros, "positions": zeros, "slots": np.full(rows, self.builder.scratch_slot, np.int32),
-                      "context_lens": np.ones(rows, dtype=np.int32)}  # fmt: skip
+                      "mirror_ctx": np.ones(rows, dtype=np.int32)}  # fmt: skip
             self.run(StepInputs("mirror", decode, np.zeros(0, dtype=np.int64), [], 0))
         tokens = np.zeros(MIN_TOKENS, dtype=np.int32)
         mixed = {
