@@ -14,8 +14,12 @@ and ``W``: its weights and its layer number are arguments, so a capture is repla
 capturing ~30x cheaper for SmolLM2 than capturing the whole model; two captures alternate, see :class:`_Table`), and
 the head (per ``T`` and ``S``). A new table width thus captures the layer only, and a new sampling count the head.
 
+A step with enough work is split by sequence between two threads (:class:`TinygradRunner`), each with its own
+buckets and captures; ``num_compilations`` counts every capture.
+
 Prefix caching needs nothing here: a sequence whose first blocks are cached starts at ``num_computed_tokens`` and
-its rows read those blocks through its table like any other context.
+its rows read those blocks through its table like any other context (the block manager only shares blocks that are
+full and computed, so no block is written by one thread while another reads it).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from app.engine.frameworks.tinygrad.models import StepTensors, TinyCausalLM, bui
 from app.engine.hidden_states import CaptureStore
 from app.engine.model_runner import RunnerTimings
 
-tuning.configure()  # the runner's tensors live on the CPU, whatever device tinygrad would pick
+tuning.configure()  # the CPU device, and our products' loads: see the tuning module
 
 __all__ = ["MIN_KEYS", "SAMPLE_ALL_ROWS", "KVCache", "TinygradRunner", "bucket", "layer_outputs", "make_runner"]
 

@@ -1,26 +1,31 @@
-"""How the runner has tinygrad compile its kernels on the CPU, and the process-wide settings it needs (set in code:
-users set nothing, no environment variable is read).
+"""How the runner has tinygrad compile its kernels on the CPU, and the process-wide settings it makes (in code: users
+set nothing, no environment variable is read).
 
-tinygrad 0.14 runs CPU kernels from C compiled by clang, one kernel after the other on the calling thread. Measured on
-SmolLM2's shapes (64 rows x 576 x 1536) on the test machine's Zen 3 cores, two things decide how fast the matrix
-products run:
+tinygrad 0.14 runs CPU kernels from C compiled by clang, one kernel after the other on the launching thread.
+Measured on SmolLM2's shapes (64 rows x 576 x 1536, one Zen 3 core of the test machine), three things decide how
+fast the matrix products run:
 
 * **Weight layout** (:class:`~app.engine.frameworks.tinygrad.layers.Linear`): a row-major ``[out, in]`` weight reads
   one cache line per reduction step, 6 KB apart (a new page every step); panels ``[out / PANEL, in, PANEL]`` stream
-  it in memory order. 16 -> 35 GFLOPS.
+  it in memory order: 16 -> 35 GFLOPS.
 * **Kernel shape**: tinygrad's default heuristic (made for GPUs first) upcasts the wrong axes of such a product
-  (13-18 GFLOPS). The product is a custom kernel (:mod:`.kernels`) carrying its own optimizations: a register tile of
-  up to 4 rows x one panel; so do the attention kernels. They travel with the kernel, so tinygrad's worker processes
-  (which compile in parallel, in fresh interpreters) apply them too.
+  (13-18 GFLOPS). Our kernels are custom UOp kernels (:mod:`.kernels`) carrying their own optimizations: a register
+  tile of up to 4 rows x one panel for the products (sizes: :func:`product_opts`).
+* **Vector width**: tinygrad groups contiguous loads into ``float4`` vectors, and clang then keeps the sums in
+  128-bit registers. :func:`configure` leaves the loads of the product kernels alone (a wrapper around tinygrad's
+  ``memory_coalescing`` pass, by kernel name), and clang vectorises them in 256-bit registers: ~30 -> ~40 GFLOPS.
+  Every other kernel keeps the grouping: the attention kernels' rows are addressed through the block table, and
+  without ``float4`` loads clang loads them one float at a time (6x slower). tinygrad's process-wide ``DMC=1`` would
+  do the first and not the second. The wrapper exists in this process only, so the runner compiles its captures
+  here (``Context(PARALLEL=0)``) rather than in tinygrad's worker processes (fresh interpreters): those would
+  compile the products with ``float4`` loads, with the same results, more slowly.
 
-Tried and left out: ``DMC=1`` (no grouping of loads into ``float4``) let clang vectorise the products in 256-bit
-registers (40-45 GFLOPS) but made it load the attention kernels' rows (whose addresses come from a block table) one
-float at a time, and it is process-wide; ``HCQ2=1`` (a TinyJit replay as one command buffer) removes the per-kernel
-Python dispatch but its host waits spin, which on a busy 2-core machine takes the core the kernels run on, and it is
-read once when tinygrad is imported (``build_runner`` imports tinygrad before this package).
+Left out: ``HCQ2=1`` (a TinyJit replay as one command buffer) removes the per-kernel Python dispatch (~50 us a
+kernel), but its host waits spin, which on a busy 2-core machine takes the core the kernels need, and it is read once,
+when tinygrad is imported (``app.engine.frameworks.build_runner`` imports tinygrad before this package).
 
-The one process-wide setting: tinygrad's default device is set to ``CPU`` (:func:`configure`), as the runner's
-tensors and its KV cache (host memory used in place) must share one device.
+:func:`configure` also pins tinygrad's default device to ``CPU``: the runner's tensors and its KV cache (host memory
+used in place) must share one device.
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ def configure() -> None:
 
 
 def product_opts(rows: int, n_panels: int, in_features: int, sums: int = 1) -> tuple[int, int, int]:
-    """``(group, row_tile)`` of a ``[rows, in] x [n_panels, in, PANEL]`` product (:func:`.kernels.product_kernel`).
+    """``(group, row_tile, panel_tile)`` of a ``[rows, in] x [n_panels, in, PANEL]`` product of ``sums`` sums per
+    output (:func:`.kernels.product_kernel`).
 
     A weight of at least :data:`TILE_MIN_WEIGHT_BYTES` gets a register tile of up to 4 rows x one panel (row tile
     0: no tile); one larger than :data:`GROUP_MAX_BYTES` (the LM head) is cut into groups of panels that stay in
@@ -79,10 +85,11 @@ def product_opts(rows: int, n_panels: int, in_features: int, sums: int = 1) -> t
     if rows > 1 and n_panels * panel_bytes > GROUP_MAX_BYTES:
         fits = max(1, GROUP_BYTES // panel_bytes)
         group = max(g for g in range(1, fits + 1) if n_panels % g == 0)
-    # at most 32 accumulators (8 of the 16 vector registers): a SwiGLU product keeps two sums per output
+    # at most 64 float sums (8 of the 16 256-bit registers; beyond, clang spills them): a SwiGLU product keeps two
+    # sums per output (4 rows of it ran at 9 GFLOPS, 2 rows at 31)
     row_tile = next((t for t in _ROW_TILES if rows % t == 0 and t * PANEL * sums <= 64), 1)
-    # a row or two streams the weight: several panels per step keep independent sums in flight (one panel's two
-    # accumulators wait on the previous step's sums: 3-7 GB/s)
+    # a row or two streams the weight: several panels per step keep independent sums in flight (one panel's sums
+    # wait on the previous step's: the weight streamed at 3-7 GB/s, 7-9 with four panels)
     panel_tile = next(
         (t for t in _PANEL_TILES if rows <= 2 and group % t == 0 and t * row_tile * PANEL * sums <= 64), 1
     )
