@@ -291,6 +291,7 @@ class TinygradRunner:
         # TinyJit captures: per shard, four for a new row count (embeddings, two layers, head), two for a new width,
         # one for a new sampling count
         self.num_compilations = 0
+        self.num_split_steps = 0  # steps run on more than one thread
         self.weights = [model.layer_weights(i) for i in range(config.num_layers)]
         self._layer_bytes = sum(int(np.prod(dims(t))) * 4 for t in self.weights[0])
         self.shards = [_Shard(self) for _ in range(max(1, threads))]
@@ -324,6 +325,7 @@ class TinygradRunner:
         for shard, hi in zip(self.shards, self._split(counts), strict=False):
             steps.append(shard.fill(seqs[lo:hi], counts[lo:hi], starts[lo:hi]))
             lo = hi
+        self.num_split_steps += int(len(steps) > 1)
         t1 = time.perf_counter()
         parts = self._run(steps)
         logits = torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts))
