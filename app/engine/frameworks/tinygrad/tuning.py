@@ -30,6 +30,7 @@ used in place) must share one device.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 #: output columns per weight panel: one 16-float row of a panel is two 256-bit registers
@@ -66,7 +67,31 @@ def configure() -> None:
             return sink if isinstance(name, str) and name.startswith(PRODUCT_PREFIX) else grouped(sink, ctx)
 
         codegen.memory_coalescing = memory_coalescing  # type: ignore[assignment]
+    _per_thread_disk_cache()
     _configured = True
+
+
+def _per_thread_disk_cache() -> None:
+    """Give each thread its own connection to tinygrad's compile cache (SQLite): tinygrad keeps one process-wide
+    connection, which SQLite refuses to use from any thread but the one that opened it, and the runner compiles on
+    the engine's thread and replays on its shard threads (CI saw ``ProgrammingError`` once a test thread had opened
+    it first)."""
+    from tinygrad import helpers
+
+    opened = helpers.db_connection
+    local = threading.local()
+    lock = threading.Lock()
+
+    def db_connection() -> Any:
+        connection = getattr(local, "connection", None)
+        if connection is None:
+            with lock:  # the original caches its connection in a module global: open ours with that global unset
+                helpers._db_connection = None
+                connection = local.connection = opened()
+                helpers._db_connection = None
+        return connection
+
+    helpers.db_connection = db_connection
 
 
 def product_opts(rows: int, n_panels: int, in_features: int, sums: int = 1) -> tuple[int, int, int]:

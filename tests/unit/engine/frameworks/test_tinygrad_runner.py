@@ -187,3 +187,45 @@ def test_smollm2_greedy_matches_the_torch_framework() -> None:
     # float32 without quantization: the torch framework's precision that is token-exact with transformers
     reference = tokens(LLMEngine(dtype="float32", quantization="none", max_model_len=512).chat(questions, params))
     assert ours == reference
+
+
+def test_the_compile_cache_works_from_any_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tinygrad's SQLite compile cache, opened on one thread, stays usable on another (the engine compiles on its
+    thread after a test or the server's main thread opened the cache)."""
+    import threading
+
+    from tinygrad import helpers
+
+    from app.engine.frameworks.tinygrad import tuning
+
+    tuning.configure()
+    monkeypatch.setattr(helpers, "CACHEDB", str(tmp_path / "cache.db"))
+    errors: list[BaseException] = []
+    found: list[Any] = []
+    written, done = threading.Event(), threading.Event()
+
+    def put() -> None:  # stays alive until the reader is done, so the two threads have different ids
+        try:
+            helpers.diskcache_put("inf_engine_test", "k", 41)
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+        written.set()
+        done.wait(60)
+
+    def get() -> None:
+        try:
+            found.append(helpers.diskcache_get("inf_engine_test", "k"))
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=put)
+    writer.start()
+    written.wait(60)
+    reader = threading.Thread(target=get)
+    reader.start()
+    reader.join()
+    writer.join()
+    assert errors == []
+    assert found == [41]

@@ -18,7 +18,7 @@ from app.serving.backends.native import NativeBackend
 from app.settings import Settings
 from tests.support.engine_runtime import random_prompts
 
-STALL = 0.3
+STALL = 1.0  # wide enough that a loaded 2-core CI machine answers the first /health inside it
 PROMPT = random_prompts(1, 5, 5, seed=3)[0]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
 
