@@ -207,7 +207,7 @@ def test_the_compile_cache_works_from_any_thread(tmp_path: Path, monkeypatch: py
     def put() -> None:  # stays alive until the reader is done, so the two threads have different ids
         try:
             helpers.diskcache_put("inf_engine_test", "k", 41)
-        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as err:  # reported by the assertion below
             errors.append(err)
         written.set()
         done.wait(60)
@@ -215,7 +215,7 @@ def test_the_compile_cache_works_from_any_thread(tmp_path: Path, monkeypatch: py
     def get() -> None:
         try:
             found.append(helpers.diskcache_get("inf_engine_test", "k"))
-        except BaseException as err:  # noqa: BLE001
+        except BaseException as err:
             errors.append(err)
         finally:
             done.set()
