@@ -35,7 +35,8 @@ def create_batch(body: BatchBody, runtime: Runtime, session: DbSession, owner: O
                  background: BackgroundTasks) -> Response:
     request = batches.BatchCreate(input_file_id=body.input_file_id, endpoint=body.endpoint,
                                   completion_window=body.completion_window, metadata=body.metadata)
-    view = batches.create_batch(session, request, owner=owner, limits=runtime.limits)
+    view = batches.create_batch(session, request, owner=owner, limits=runtime.limits,
+                                embeddings_missing=runtime.resources_for.embeddings_missing())
     background.add_task(runtime.wake)  # after the commit: the executor finds the job
     return JSONBytes(view)
 

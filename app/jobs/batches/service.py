@@ -69,13 +69,18 @@ class BatchCreate:
 
 
 # -- creation -------------------------------------------------------------------------------------------------
-def create_batch(session: Session, request: BatchCreate, *, owner: str, limits: Limits) -> dict[str, Any]:
+def create_batch(session: Session, request: BatchCreate, *, owner: str, limits: Limits,
+                 embeddings_missing: str | None = None) -> dict[str, Any]:
     """Validate the request and its input file, then write the batch and its job in the caller's transaction.
 
-    A bad request (unknown endpoint or window, a file that is missing or not a batch file) raises and writes
-    nothing. A file whose lines do not fit the endpoint gives a ``failed`` batch whose ``errors`` name the lines.
+    A bad request (unknown endpoint or window, a file that is missing or not a batch file, ``/v1/embeddings``
+    where ``embeddings_missing`` says why this server has no embeddings) raises and writes nothing. A file whose
+    lines do not fit the endpoint gives a ``failed`` batch whose ``errors`` name the lines.
     """
     _check_request(request)
+    if request.endpoint == EMBEDDINGS and embeddings_missing is not None:
+        raise InvalidJobInput(f"endpoint {EMBEDDINGS} cannot run: {embeddings_missing}", param="endpoint",
+                              code="embeddings_unavailable")
     file = repository.get_file(session, file_id=request.input_file_id, owner=owner)
     if file is None:
         raise InvalidJobInput(f"no file {request.input_file_id!r}: upload the requests with POST /v1/files "

@@ -29,7 +29,13 @@ NO_ENDPOINTS_HINT = (
     "the in-process engine, which needs the engine extras and the default model)"
 )
 
-__all__ = ["NO_ENDPOINTS_HINT", "CostFn", "EndpointResolver", "WaitHook", "endpoint_cost"]
+NO_EMBEDDINGS_HINT = (
+    "this server serves no embeddings: start it with --embedding-model all-MiniLM-L6-v2 (INF_ENGINE_EMBEDDING_MODEL), "
+    "give the chat model a pooler (INF_ENGINE_POOLER_CONFIG), or map the endpoints to an HTTP server with "
+    "/v1/embeddings in a resources file (INF_ENGINE_RESOURCES_FILE)"
+)
+
+__all__ = ["NO_EMBEDDINGS_HINT", "NO_ENDPOINTS_HINT", "CostFn", "EndpointResolver", "WaitHook", "endpoint_cost"]
 
 
 class EndpointResolver:
@@ -69,6 +75,18 @@ class EndpointResolver:
             if manager is None:
                 manager = self._managers[key] = self._build(sorted(aliases))
             return manager
+
+    def embeddings_missing(self) -> str | None:
+        """Why an ``Embedding`` call of a job cannot be answered here, or None when it can (or when the given
+        resources or a resources file decide, which only a call can tell). Without them the calls go to the
+        server's or the in-process engine's embeddings, which exist only with ``settings.embedding_model`` or
+        ``settings.pooler_config`` (the same settings on the API server and on its workers)."""
+        settings = self.settings
+        if self._resources is not None or settings.resources_file is not None:
+            return None
+        if settings.embedding_model or settings.pooler_config is not None:
+            return None
+        return NO_EMBEDDINGS_HINT
 
     def defines(self, alias: str) -> bool | None:
         """Whether the given resources serve ``alias``; None when they cannot tell (a scripted stand-in) or none

@@ -184,3 +184,25 @@ def test_a_pipeline_with_the_embedding_op_runs_as_a_job(served: ServerThread, cl
             output = by_id[f"e{i}"]["output"]
             assert output["meta"]["model"] == NAME
             np.testing.assert_allclose(output["embeddings"], _direct(client, input=text)[0], atol=1e-5)
+
+
+def test_a_server_without_embeddings_refuses_an_embeddings_batch(committed: Engine) -> None:
+    """No embedding model, no pooler, no resources file: the batch is a 400 on ``endpoint`` at create time (no
+    batch, no job), not a batch whose every line fails later; chat batches still go."""
+    config = Settings(database_url=committed.url.render_as_string(hide_password=False), api_keys=[KEY],
+                      jobs_poll_interval=0.05)
+    with ServerThread(create_app(config, backend=FakeBackend())) as thread, \
+            openai.OpenAI(api_key=KEY, base_url=thread.base_url, max_retries=0, timeout=60) as api:
+        uploaded = api.files.create(file=("lines.jsonl", _jsonl([_line("a", input="hi")])), purpose="batch")
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        error = refused.value.body
+        assert isinstance(error, dict)
+        assert error["param"] == "endpoint" and error["code"] == "embeddings_unavailable"
+        assert "--embedding-model" in error["message"]
+        assert api.batches.list().data == []
+        chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}}
+        chat_file = api.files.create(file=("chat.jsonl", _jsonl([chat])), purpose="batch")
+        assert api.batches.create(input_file_id=chat_file.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h").status in ("validating", "in_progress")
