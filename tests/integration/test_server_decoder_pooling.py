@@ -99,3 +99,24 @@ def test_a_bad_pooler_config_is_refused() -> None:
         Settings(pooler_config='{"pooling_type": "CLS"}')
     with pytest.raises(ValueError, match="unknown keys"):
         Settings(pooler_config={"pooling": "MEAN"})
+
+
+async def test_in_process_pooling_without_a_server(hf_and_folder: tuple[Any, Any]) -> None:
+    """``inf-engine run`` and engine workers (no server): a pipeline's embeddings come from the in-process chat
+    engine's pooling (``pooler_config``), equal to Hugging Face's final hidden states pooled the same way."""
+    from app.jobs.endpoints import EndpointResolver
+    from app.pipeline import EmbeddingRequest
+
+    hf, folder = hf_and_folder
+    settings = Settings(model=str(folder), dtype="float32", num_threads=1,
+                        pooler_config='{"pooling_type": "mean", "normalize": true}')
+    resolver = EndpointResolver(settings)
+    try:
+        batch = [[5, 17, 29, 41], [3, 9, 27, 81, 11, 12], [7]]
+        response = await resolver(["vectors"]).embed("vectors", EmbeddingRequest(batch))
+        assert response.input_tokens == sum(len(ids) for ids in batch)
+        for ids, vector in zip(batch, response.embeddings, strict=True):
+            ours = np.asarray(vector, dtype=np.float32)
+            assert float(ours @ _reference(hf, ids, "MEAN")) >= 0.9999, ids
+    finally:
+        await resolver.aclose()
