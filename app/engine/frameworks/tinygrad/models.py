@@ -12,6 +12,7 @@ arguments: one capture serves every layer), :meth:`head` (final norm and the log
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +53,7 @@ def _tensor(array: np.ndarray) -> Tensor:
     return Tensor(np.ascontiguousarray(array, dtype=np.float32))
 
 
-class TinyCausalLM:
+class TinyCausalLM(ABC):
     """Shared by both architectures: weights by name, per-layer weight lists, the LM head, :meth:`forward`."""
 
     def __init__(self, config: ModelConfig, params: dict[str, np.ndarray], head_norm: str | None = None) -> None:
@@ -65,8 +66,9 @@ class TinyCausalLM:
         self.layers: list[dict[str, Tensor]] = []
         self.out_features: dict[str, int] = {}
 
+    @abstractmethod
     def _head_name(self) -> str:
-        raise NotImplementedError
+        """The name of the LM head's weight in ``params``."""
 
     def take(self, name: str) -> Tensor:
         t = _tensor(self._params[name])
@@ -112,17 +114,18 @@ class TinyCausalLM:
         layer = self.layers[index]
         return [layer[name] for name in self.weight_names()]
 
+    @abstractmethod
     def embed(self, ids: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
         """``(x, *shared)``: the embeddings ``[T, hidden]`` and what every layer reads."""
-        raise NotImplementedError
 
+    @abstractmethod
     def layer(self, x: Tensor, weights: Sequence[Tensor], step: StepTensors, caches: Any, layer: Tensor) -> Tensor:
         """One decoder block on ``x``; ``weights`` in :meth:`weight_names` order; ``layer`` (int32 ``[1]``) picks its
         part of the KV caches."""
-        raise NotImplementedError
 
+    @abstractmethod
     def final_norm(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The model's last norm on ``x``."""
 
     def head(self, x: Tensor, sample_rows: Tensor) -> Tensor:
         """Logits ``[S, vocab]`` of rows ``sample_rows`` (after the final norm)."""

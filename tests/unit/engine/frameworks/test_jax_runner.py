@@ -3,7 +3,8 @@ model), float32 logits within 1e-3, prefix caching, chunked prefill, preemption,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ pytest.importorskip("jax")
 
 from app.engine import LLMEngine, SamplingParams
 from app.engine.frameworks.jax.runner import JaxRunner, bucket, layer_outputs
-from tests.support.engine_models import TINY_CONFIGS, TINY_NAMES, build_hf_model, hf_greedy, save_hf_model
+from tests.support.engine_models import TINY_NAMES, hf_greedy
 from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
 
 NEW_TOKENS = 24
@@ -26,44 +27,10 @@ def tokens(outputs: list[Any]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    """name -> (HF folder, the transformers model saved there)."""
-    root = tmp_path_factory.mktemp("jax_runner_models")
-    out: dict[str, tuple[Path, Any]] = {}
-    for name, spec in TINY_CONFIGS.items():
-        model = build_hf_model(name)
-        out[name] = (save_hf_model(model, root / name, spec.get("shard")), model)
-    return out
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny: dict[str, tuple[Path, Any]]) -> dict[str, tuple[Any, Any, Any]]:
-    from app.engine.loading import load_model
-
-    return {name: load_model(folder) for name, (folder, _) in tiny.items()}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """The transformers reference runs tiny models: intra-op threads only cost (see runtime/conftest.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
-def make_engine(loaded: dict[str, tuple[Any, Any, Any]]) -> Callable[..., LLMEngine]:
+def make_engine(make_engine: Callable[..., LLMEngine]) -> Callable[..., LLMEngine]:
     """``make_engine(name="llama_gqa_llama3", **options)``: a jax engine with its own KV cache."""
-
-    def make(name: str = "llama_gqa_llama3", **kwargs: Any) -> LLMEngine:
-        model, tokenizer, config = loaded[name]
-        kwargs.setdefault("kv_cache_memory_bytes", 1 << 22)
-        kwargs.setdefault("seed", 0)
-        return LLMEngine.from_loaded(model, tokenizer, config, framework="jax", **kwargs)
-
-    return make
+    return functools.partial(make_engine, framework="jax")
 
 
 @pytest.mark.parametrize("name", TINY_NAMES)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,31 +23,12 @@ if shutil.which("clang") is None:
     pytest.skip("tinygrad's CPU device needs clang", allow_module_level=True)
 
 from app.engine import LLMEngine, SamplingParams
-from tests.support.engine_models import TINY_CONFIGS, TINY_NAMES, build_hf_model, hf_greedy, save_hf_model
+from tests.support.engine_models import TINY_NAMES, hf_greedy
 from tests.support.engine_runtime import random_prompts
 
 NEW_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 KV_BYTES = 1 << 22
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Transformers' reference runs on one thread: a 2-core machine shared with tinygrad's kernels."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    """name -> (HF folder, the transformers model saved there)."""
-    root = tmp_path_factory.mktemp("tinygrad_models")
-    return {
-        name: (save_hf_model(hf := build_hf_model(name), root / name, TINY_CONFIGS[name].get("shard")), hf)
-        for name in TINY_NAMES
-    }
 
 
 @pytest.fixture(scope="module")
