@@ -9,8 +9,9 @@ Transformers ``generate``) on the same workloads, side by side.
     .venv/bin/python scripts/bench_engine.py --workloads a,c --repeats 1      # quick look
     .venv/bin/python scripts/bench_engine.py --workloads a,c --engines native,native-jax,native-tinygrad,transformers
 
-The peers' environments: ``bash scripts/setup_vllm.sh`` (.venv-vllm) and ``bash scripts/setup_llamacpp.sh``
-(.venv-llamacpp, llama.cpp compiled here).
+The peers' environments: ``bash scripts/setup_vllm.sh`` (.venv-vllm), ``bash scripts/setup_llamacpp.sh``
+(.venv-llamacpp, llama.cpp compiled here) and ``bash scripts/setup_tinygrad_llm.sh`` (.venv-tinygrad: tinygrad's own
+``tinygrad.llm``, one stream only, beside ``--engines native-tinygrad``).
 
 Columns: ours, one per ``--ours`` configuration ``dtype[+quantization]`` (``float32``, ``bfloat16``,
 ``bfloat16+int8``, ``q8_0`` = the default dtype with that quantization; ``quantization=`` is passed to
@@ -356,6 +357,16 @@ def peer_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
             cmd += ["--n-ubatch", str(args.llamacpp_n_ubatch)]
             quant = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "gguf"
             out.append(("llama.cpp", f"llama.cpp {quant}", cmd))
+    if args.tinygrad_llm_python:
+        if not Path(args.tinygrad_llm_python).exists():
+            print(f"--- tinygrad.llm: skipped, {args.tinygrad_llm_python} does not exist", file=sys.stderr)
+        else:
+            from app.engine.loading import default_model_path
+
+            cmd = [args.tinygrad_llm_python, str(PEERS / "tinygrad_llm_offline.py"), "--model",
+                   str(default_model_path()), "--interactive", "--seed", str(args.seed),
+                   "--max-model-len", str(args.max_model_len)]
+            out.append(("tinygrad.llm", "tinygrad.llm float32", cmd))
     return out
 
 
@@ -437,6 +448,11 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument(
         "--llamacpp-model", default=None, help="GGUF for llama.cpp (default: the shipped SmolLM2 Q4_1)"
+    )
+    p.add_argument(
+        "--tinygrad-llm-python", default=None,
+        help="python of the tinygrad.llm environment (scripts/setup_tinygrad_llm.sh): adds its column, one stream "
+        "only (c, d)",
     )
     p.add_argument("--llamacpp-parallel", type=int, default=8, help="llama.cpp sequence slots (n_seq_max)")
     p.add_argument("--llamacpp-n-batch", type=int, default=512, help="llama.cpp n_batch")
