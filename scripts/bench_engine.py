@@ -513,7 +513,7 @@ def main() -> int:
     unknown = set(names) - set(WORKLOADS)
     if unknown:
         raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from {WORKLOADS}")
-    if args.worker in ("native", "native-ngram"):
+    if args.worker in ("native", "native-ngram", *FRAMEWORK_WORKERS):  # the same engine core, any model runner
         worker_native(args, names)
         return 0
     if args.worker == "transformers":
