@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -218,3 +219,23 @@ def test_grafana_provisioning_matches_the_compose_mounts() -> None:
     source = yaml.safe_load((MONITORING / "grafana/provisioning/datasources/prometheus.yml").read_text())
     (prometheus,) = source["datasources"]
     assert prometheus["type"] == "prometheus" and prometheus["url"] == "http://prometheus:9090"
+
+
+#: what Grafana puts in place of the dashboard's variables before Prometheus sees a query
+_GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$model": "SmolLM2-135M-Instruct", "${datasource}": "prometheus"}
+
+
+def test_every_dashboard_query_is_valid_promql() -> None:
+    """Each panel's query, with Grafana's variables filled in, parses as PromQL (promql-parser, the Rust port of
+    Prometheus's own parser), so a typo cannot reach a deployed dashboard."""
+    promql_parser = pytest.importorskip("promql_parser")
+    exprs = _exprs(_dashboard())
+    assert exprs
+    for expr in exprs:
+        query = expr
+        for variable, value in _GRAFANA_VARIABLES.items():
+            query = query.replace(variable, value)
+        assert "$" not in query, f"a Grafana variable without a value here: {expr}"
+        promql_parser.parse(query)  # raises on a syntax error
+    with pytest.raises(ValueError):  # the check has teeth
+        promql_parser.parse("sum(rate(vllm:prompt_tokens_total[1m])")
