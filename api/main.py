@@ -57,7 +57,8 @@ def create_app(
     metrics = ServingMetrics(backend.served_model_name, backend.stats)
     platform = platform_collector(settings, jobs)  # inf_engine_* (jobs, queues, workers), from one replica
     metrics.registry.register(platform)
-    embeddings = (EmbeddingService(settings.embedding_model, num_threads=settings.num_threads)
+    embeddings = (EmbeddingService(settings.embedding_model, num_threads=settings.num_threads,
+                                   dtype=settings.embedding_dtype)
                   if settings.embedding_model else None)
     if settings.pooler_config is not None and not backend.supports_hidden_states:
         raise ValueError(f"pooler_config pools our engine's hidden states: it needs the native backend, not "

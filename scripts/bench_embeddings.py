@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_embeddings.py                       # 10,000 short texts, batch 32, 2 threads
     .venv/bin/python scripts/bench_embeddings.py --count 2000 --chunk 250 --threads 1
+    .venv/bin/python scripts/bench_embeddings.py --dtype bfloat16              # our bfloat16 products
 
 Both run in this process on the same texts, at the same batch size (sentence-transformers' ``encode`` batch,
 our group size) and thread count, texts in and float32 vectors out (tokenising counted for both). They take
@@ -91,12 +92,14 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=10_000, help="texts to embed")
     parser.add_argument("--batch-size", type=int, default=32, help="encode's batch size and our group size")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="our products' dtype (bfloat16: CPUs with AVX512-BF16 or AMX); theirs stays float32")
     parser.add_argument("--chunk", type=int, default=1000, help="texts per call; the engines take turns")
     parser.add_argument("--repeat", type=int, default=1, help="passes over all texts")
     args = parser.parse_args()
     from sentence_transformers import SentenceTransformer  # the peer, only here (a dev dependency)
 
-    ours = EmbeddingModel.load("all-MiniLM-L6-v2", num_threads=args.threads)
+    ours = EmbeddingModel.load("all-MiniLM-L6-v2", num_threads=args.threads, dtype=args.dtype)
     ours.max_batch_sequences = args.batch_size
     peer = SentenceTransformer(str(resolve_embedding_model("all-MiniLM-L6-v2")), device="cpu")
     texts = short_texts(args.count)
@@ -112,7 +115,7 @@ def main() -> None:
     rates = {name: len(texts) * args.repeat / s for name, s in seconds.items()}
     cos = torch.nn.functional.cosine_similarity(outs["ours"], outs["sentence-transformers"], dim=1)
     print(cpu_line())
-    print(f"torch {torch.__version__}, {args.threads} threads, {len(texts)} texts ({tokens / len(texts):.1f} tokens "
+    print(f"torch {torch.__version__}, ours in {args.dtype}, {args.threads} threads, {len(texts)} texts ({tokens / len(texts):.1f} tokens "
           f"each on average, with [CLS]/[SEP]), batch size {args.batch_size}, in turns of {args.chunk} texts, "
           f"{args.repeat} pass(es)\n")
     print("| engine | texts/s | vs sentence-transformers |")

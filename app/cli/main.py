@@ -84,7 +84,7 @@ def _embedded_resources(module: Any) -> Any:
         model = next(iter(config.values()))[0].model
         err.print(f"no --resources given: {', '.join(aliases)} → the in-process engine ({model})", highlight=False)
     embeddings = LocalEmbeddings(embedding_model=settings.embedding_model, pooler_config=settings.pooler_config,
-                                 num_threads=settings.num_threads)
+                                 num_threads=settings.num_threads, dtype=settings.embedding_dtype)
     return EngineResourceManager(config, embeddings)
 
 

@@ -28,7 +28,7 @@ FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens", "block_size": "--block-size",
     "enable_prefix_caching": "--enable-prefix-caching", "served_model_name": "--served-model-name",
     "chat_template": "--chat-template", "seed": "--seed", "enforce_eager": "--enforce-eager",
-    "embedding_model": "--embedding-model", "framework": "--framework",
+    "embedding_model": "--embedding-model", "embedding_dtype": "--embedding-dtype", "framework": "--framework",
     "pooler_config": "--pooler-config",
 }
 
@@ -70,6 +70,8 @@ def serve_command(
     embedding_model: Annotated[str | None, typer.Option(
         help="Also serve /v1/embeddings from this model: a sentence-transformers folder, or all-MiniLM-L6-v2 (the "
         "packaged one)")] = None,
+    embedding_dtype: Annotated[str | None, typer.Option(
+        help="The embedding model's products: float32, or bfloat16 on CPUs with AVX512-BF16 or AMX")] = None,
     enforce_eager: Annotated[bool | None, typer.Option(
         "--enforce-eager/--no-enforce-eager", help="CUDA: never replay decode steps from CUDA graphs",
         rich_help_panel=_ENGINE)] = None,
@@ -92,7 +94,7 @@ def serve_command(
         "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
         "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
         "chat_template": chat_template, "seed": seed, "enforce_eager": enforce_eager,
-        "embedding_model": embedding_model, "framework": framework,
+        "embedding_model": embedding_model, "embedding_dtype": embedding_dtype, "framework": framework,
         "pooler_config": pooler_config,
     }
     settings = serve_settings({k: v for k, v in given.items() if v is not None})
@@ -148,7 +150,7 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
     if settings.framework != "torch" and settings.backend == "native":
         require_framework(settings.framework, "serve")
     if settings.embedding_model is not None:
-        _check_embedding_model(settings.embedding_model)
+        _check_embedding_model(settings.embedding_model, settings.embedding_dtype)
     if settings.chat_template is not None and settings.backend != "vllm":
         try:
             load_chat_template(settings.chat_template)
@@ -157,8 +159,9 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
     return settings
 
 
-def _check_embedding_model(spec: str) -> None:
-    """A missing or unreadable embedding model stops the server before it starts, in one line."""
+def _check_embedding_model(spec: str, dtype: str = "float32") -> None:
+    """A missing or unreadable embedding model, or bfloat16 on a CPU without it, stops the server before it
+    starts, in one line."""
     try:
         from app.engine.embedding import resolve_embedding_model
     except ModuleNotFoundError as exc:  # the engine extra (torch) is not installed
@@ -167,3 +170,8 @@ def _check_embedding_model(spec: str) -> None:
         resolve_embedding_model(spec)
     except (FileNotFoundError, ValueError) as exc:
         raise fail(f"--embedding-model: {exc}") from None
+    from app.engine.kernels.cpu_features import bf16_products_supported
+
+    if dtype == "bfloat16" and not bf16_products_supported():
+        raise fail("--embedding-dtype bfloat16 needs a CPU with AVX512-BF16 or AMX (this one has neither): use "
+                   "float32")

@@ -118,8 +118,9 @@ class LocalEmbeddings:
     service per event loop) or, without one, the pooling of the in-process chat engine (``pooler_config``)."""
 
     def __init__(self, *, embedding_model: str | None = None, pooler_config: dict[str, Any] | None = None,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, dtype: str = "float32") -> None:
         self.embedding_model = embedding_model
+        self.dtype = dtype
         self.pooler_config = pooler_config
         self.num_threads = num_threads
         self._model: Any = None
@@ -164,7 +165,7 @@ class LocalEmbeddings:
             if old.is_closed():
                 del self._services[key]
         assert self.embedding_model is not None
-        service = EmbeddingService(self.embedding_model, num_threads=self.num_threads, loaded=model)
+        service = EmbeddingService(self.embedding_model, num_threads=self.num_threads, loaded=model, dtype=self.dtype)
         await service.start()  # its batching task lives on this loop, and ends with it
         self._services[id(loop)] = (loop, service)
         return service
@@ -175,7 +176,8 @@ class LocalEmbeddings:
                 from app.engine.embedding import EmbeddingModel
 
                 assert self.embedding_model is not None
-                self._model = EmbeddingModel.load(self.embedding_model, num_threads=self.num_threads)
+                self._model = EmbeddingModel.load(self.embedding_model, num_threads=self.num_threads,
+                                                  dtype=self.dtype)
             return self._model
 
 

@@ -39,9 +39,10 @@ class EmbeddingService:
     requests."""
 
     def __init__(self, model: str, *, num_threads: int | None = None, max_batch_inputs: int = 256,
-                 loaded: Any = None) -> None:
+                 loaded: Any = None, dtype: str = "float32") -> None:
         self.spec = model
         self.num_threads = num_threads
+        self.dtype = dtype
         self.max_batch_inputs = max_batch_inputs
         self.model: Any = loaded
         self._queue: asyncio.Queue[_Job] | None = None
@@ -55,7 +56,8 @@ class EmbeddingService:
         if self.model is None:
             from app.engine.embedding import EmbeddingModel
 
-            self.model = await asyncio.to_thread(EmbeddingModel.load, self.spec, num_threads=self.num_threads)
+            self.model = await asyncio.to_thread(EmbeddingModel.load, self.spec, num_threads=self.num_threads,
+                                                 dtype=self.dtype)
             log.info("embedding model %s ready: %d dimensions, %d input tokens, %s pooling%s", self.model.name,
                      self.model.dimensions, self.model.max_input_tokens, self.model.pooling,
                      ", normalised" if self.model.normalize else "")

@@ -24,11 +24,14 @@ from app.engine.embedding.folder import (
     resolve_embedding_model,
 )
 from app.engine.embedding.pooling import normalize, pool
+from app.engine.kernels.cpu_features import bf16_products_supported
 
 # One forward holds at most this many sequences and this many padded tokens (batch x longest): enough rows for
 # efficient products (a few hundred are enough), while the activations stay small (8192 tokens x MiniLM's 1536
 # intermediate floats: 50 MB) and a long input does not make a whole batch of short ones wait.
 MAX_BATCH_SEQUENCES = 64
+#: the encoder's product dtypes (EmbeddingModel.load's ``dtype``)
+EMBEDDING_DTYPES = ("float32", "bfloat16")
 MAX_BATCH_TOKENS = 8192
 
 
@@ -58,9 +61,16 @@ class EmbeddingModel:
                 [Lowercase()] + ([tokenizer.normalizer] if tokenizer.normalizer is not None else []))
 
     @classmethod
-    def load(cls, name_or_path: str, *, num_threads: int | None = None) -> EmbeddingModel:
+    def load(cls, name_or_path: str, *, num_threads: int | None = None, dtype: str = "float32") -> EmbeddingModel:
         """``'all-MiniLM-L6-v2'`` (the packaged model) or a local folder; ``num_threads``: torch's intra-op
-        threads for this process (``torch.set_num_threads``), left alone when None."""
+        threads for this process (``torch.set_num_threads``), left alone when None; ``dtype``: ``float32`` (equal
+        to sentence-transformers), or ``bfloat16`` products on CPUs with AVX512-BF16 or AMX (about twice the
+        products' rate; the vectors stay within a cosine of about 1e-4 of float32's)."""
+        if dtype not in EMBEDDING_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(EMBEDDING_DTYPES)}, not {dtype!r}")
+        if dtype == "bfloat16" and not bf16_products_supported():
+            raise ValueError("dtype='bfloat16' needs a CPU with AVX512-BF16 or AMX (this one has neither; without "
+                             "them bfloat16 products are slower than float32): use float32")
         if num_threads is not None:
             if num_threads < 1:
                 raise ValueError(f"num_threads must be at least 1, got {num_threads}")
@@ -76,7 +86,7 @@ class EmbeddingModel:
             raise ValueError(f"{folder} has no tokenizer.json (the fast tokenizer's file is needed)")
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
         with torch.inference_mode():
-            encoder = BertEncoder.from_folder(folder, config).eval()
+            encoder = BertEncoder.from_folder(folder, config, bf16=dtype == "bfloat16").eval()
         name = PACKAGED_EMBEDDING_MODEL if name_or_path == PACKAGED_EMBEDDING_MODEL else folder.name
         matryoshka = bool(raw.get("matryoshka_dimensions") or raw.get("is_matryoshka"))
         return cls(name, folder, config, layout, encoder, tokenizer, matryoshka)

@@ -122,7 +122,7 @@ class EndpointResolver:
         if self._register_engine:
             register_embedded_engine(num_threads=settings.num_threads)
         embeddings = LocalEmbeddings(embedding_model=settings.embedding_model, pooler_config=settings.pooler_config,
-                                     num_threads=settings.num_threads)
+                                     num_threads=settings.num_threads, dtype=settings.embedding_dtype)
         return EngineResourceManager(embedded_resources(aliases, settings.model), embeddings)
 
     async def aclose(self) -> None:

