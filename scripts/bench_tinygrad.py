@@ -23,7 +23,6 @@ import os
 import resource
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,15 +85,9 @@ def workload_a(engine: str, repeats: int) -> None:
 
 def tinygrad_llm_stream(prompt: list[int]) -> Callable[[], int]:
     """tinygrad.llm's generator over the default GGUF (see the module docstring for the kernels stand-in)."""
-    from tinygrad import nn
+    from tinygrad_llm_offline import kernels_stand_in
 
-    kernels, amd = types.ModuleType("tinygrad.llm.kernels"), types.ModuleType("tinygrad.llm.kernels.amd")
-    amd.Linear = type("Linear", (nn.Linear,), {})  # type: ignore[attr-defined]
-    amd.amd_custom_kernels_supported = lambda device: False  # type: ignore[attr-defined]
-    amd.gated_delta_prefill = amd.flash_attention = None  # type: ignore[attr-defined]
-    kernels.amd = amd  # type: ignore[attr-defined]
-    sys.modules.setdefault("tinygrad.llm.kernels", kernels)
-    sys.modules.setdefault("tinygrad.llm.kernels.amd", amd)
+    kernels_stand_in()
     from tinygrad.llm.model import Transformer
 
     from app.engine.loading import default_model_path

@@ -38,7 +38,8 @@ ONE_STREAM = ("c", "d")
 LABEL = "tinygrad.llm float32"
 
 
-def _kernels_stand_in() -> None:
+def kernels_stand_in() -> None:
+    """Give tinygrad.llm.model the kernels module tinygrad 0.14's wheel lacks (also used by scripts/bench_tinygrad.py)."""
     from tinygrad import nn
 
     kernels, amd = types.ModuleType("tinygrad.llm.kernels"), types.ModuleType("tinygrad.llm.kernels.amd")
@@ -54,7 +55,7 @@ class Runner:
     """``tinygrad.llm``'s model over the GGUF, one request after the other."""
 
     def __init__(self, model: Path, max_context: int) -> None:
-        _kernels_stand_in()
+        kernels_stand_in()
         from tinygrad.llm.model import Transformer
 
         self.model, _ = Transformer.from_gguf(str(model), max_context)

@@ -13,13 +13,17 @@ import torch
 from app.engine.llm_engine import LLMEngine
 from tests.support.engine_models import TINY_CONFIGS, build_hf_model, save_hf_model
 
-__all__ = ["_one_thread", "loaded", "make_engine", "tiny"]
+__all__ = ["_one_thread", "loaded", "make_engine", "tiny", "tiny_model_folders"]
 
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
     """name -> (HF folder, the transformers model saved there)."""
-    root = tmp_path_factory.mktemp("engine_runtime_models")
+    return tiny_model_folders(tmp_path_factory.mktemp("engine_runtime_models"))
+
+
+def tiny_model_folders(root: Path) -> dict[str, tuple[Path, Any]]:
+    """Every tiny config saved as an HF folder under ``root``: name -> (folder, the transformers model)."""
     out: dict[str, tuple[Path, Any]] = {}
     for name, spec in TINY_CONFIGS.items():
         model = build_hf_model(name)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.engine_models import TINY_CONFIGS, build_hf_model, save_hf_model
+from tests.support.engine_fixtures import tiny_model_folders
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -30,12 +30,7 @@ def _one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
     """name -> (HF folder, the transformers model it was saved from)."""
-    root = tmp_path_factory.mktemp("tiny_models")
-    out: dict[str, tuple[Path, Any]] = {}
-    for name, spec in TINY_CONFIGS.items():
-        model = build_hf_model(name)
-        out[name] = (save_hf_model(model, root / name, spec.get("shard")), model)
-    return out
+    return tiny_model_folders(tmp_path_factory.mktemp("tiny_models"))
 
 
 @pytest.fixture(scope="session")
