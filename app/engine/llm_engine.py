@@ -247,29 +247,34 @@ def scheduler_config(config: EngineConfig, max_pos: int, num_blocks: int,
 
 
 def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.device, dtype: torch.dtype) -> None:
-    """Quantization "auto": a GGUF model with float32 weights on CPU keeps the file's Q4 blocks beside them, for
-    the steps of few rows (:data:`AUTO_BLOCK_ROWS`), where memory allows; the load log says which it chose."""
+    """Quantization "auto": a GGUF model with float32 or bfloat16 weights on CPU keeps the file's blocks beside
+    them (its Q4 layers and its Q8_0 LM head), for the steps of few rows (:data:`AUTO_BLOCK_ROWS`), where memory
+    allows; the load log says which it chose."""
     from app.engine.kernels.qblock import qblock_isa
     from app.engine.loading import apply_quantization, default_model_path
     from app.engine.loading.gguf import is_gguf_file
 
     path = default_model_path() if source is None else Path(source).expanduser()
     rows = auto_block_rows(qblock_isa() if library.available() else None)
-    if device.type != "cpu" or dtype != torch.float32 or rows is None or not is_gguf_file(path):
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or rows is None:
         return
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not is_gguf_file(path):
+        return
+    weights = sum(p.numel() for p in model.parameters())
     free = memory_available()
-    if free is not None and free < weights // 4:  # the blocks take about a sixth of the float32 bytes
-        log.info("quantization auto: float32 weights only (%.0f MiB available, too little to keep %s's blocks "
-                 "beside them)", free / (1 << 20), path.name)
+    if free is not None and free < weights:  # the blocks take about 0.6 bytes a weight
+        log.info("quantization auto: %s weights only (%.0f MiB available, too little to keep %s's blocks "
+                 "beside them)", _dtype_name(dtype), free / (1 << 20), path.name)
         return
     count = apply_quantization(model, "gguf", path, beside_float_rows=rows)
     if count:
-        log.info("quantization auto: %s's Q4 blocks kept beside the float32 weights (%d linear layers): steps of "
-                 "up to %d rows run on the blocks, larger ones in float32 (set quantization 'none' or 'gguf' to "
-                 "keep one)", path.name, count, rows)
+        log.info("quantization auto: %s's blocks kept beside the %s weights (%d linear layers and the LM head): "
+                 "steps of up to %d rows run on the blocks, larger ones in %s (set quantization 'none' or "
+                 "'gguf' to keep one)", path.name, _dtype_name(dtype), count, rows, _dtype_name(dtype))
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _make_runner(config: EngineConfig, model: PagedCausalLM, model_config: ModelConfig, num_blocks: int,

@@ -146,8 +146,8 @@ def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | Non
     """Quantize a loaded model in place (``EngineConfig.quantization``); returns how many Linears changed.
     ``"gguf"`` reads the 4-bit blocks of the GGUF file ``path`` (None: the default model) that the model was
     loaded from; other methods quantize the loaded weights. ``beside_float_rows`` (``"gguf"`` only): keep the
-    float weights too, the blocks serving steps of at most that many rows (quantization "auto"; the qblock
-    kernel only, and no error when nothing fits: the model then stays as it was)."""
+    float weights too, the blocks serving steps of at most that many rows, the LM head's included (quantization
+    "auto"; the qblock kernel only, and no error when nothing fits: the model then stays as it was)."""
     model.weights_changed()
     if method != "gguf":
         return quantize_model(model, method)
@@ -174,10 +174,10 @@ def apply_quantization(model: PagedCausalLM, method: str, path: str | Path | Non
             continue
         count += 1
     if native and count:
-        # "auto" keeps the LM head in float: the head decides the token, and int8 activations on it turn SmolLM2's
-        # "The capital of France is Paris." into "L'Étoile, la Cité, ..." (the blocks' layers do not)
-        if beside_float_rows is None:
-            _install_block_head(model, gguf, config, blocks)
+        # "auto" runs the file's head too for few rows: it is a third of a decode step's bytes. Its int8
+        # activations are llama.cpp's (whose run of the file answers as ours does, see test_smollm2_engine) and
+        # move greedy agreement with Transformers by less than the blocks' layers do (scripts/engine_accuracy.py)
+        _install_block_head(model, gguf, config, blocks)
         model.block_rows = beside_float_rows
     if count == 0 and beside_float_rows is not None:
         return 0

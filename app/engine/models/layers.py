@@ -37,16 +37,23 @@ class Linear(nn.Module):
         # the float weights the larger ones; None: the blocks serve every product (``weight`` is their codes)
         self.block_rows: int | None = None
 
+    def blocks_serve(self, rows: int) -> bool:
+        """Whether a product of ``rows`` rows runs on the GGUF blocks."""
+        return self.qweight is not None and (self.block_rows is None or rows <= self.block_rows)
+
     def forward(self, x: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
         """``keep_bf16``: a bfloat16 weight's CPU product (without bias) comes back in bfloat16, as oneDNN gives
-        it, for a consumer that reads bfloat16 (saves two conversions); other weights ignore it."""
+        it, for a consumer that reads bfloat16 (saves two conversions); other weights ignore it. GGUF blocks
+        kept beside the weight serve the products of few rows first (quantization "auto")."""
+        blocks = self.qweight
+        if blocks is not None and (self.block_rows is None or x.shape[0] <= self.block_rows):
+            # bfloat16 activations (blocks beside bfloat16 weights) widen exactly; the kernel rounds them to int8
+            out = qblock_linear(x.float() if x.dtype == torch.bfloat16 else x, blocks, self.bias)
+            return qblock_reference(x, blocks, self.bias) if out is None else out.to(x.dtype)
         if keep_bf16 and self.bias is None and bf16_io(self):
             out = bf16_linear(x, self.weight, keep_bf16=True)
             if out is not None:
                 return out
-        if self.qweight is not None and (self.block_rows is None or x.shape[0] <= self.block_rows):
-            out = qblock_linear(x, self.qweight, self.bias)
-            return qblock_reference(x, self.qweight, self.bias) if out is None else out
         if self.scales is not None:
             if self.group_size:
                 return int4_linear(x, self.weight, self.scales, self.group_size, self.bias)
@@ -148,7 +155,9 @@ def bf16_swiglu_mlp(
     the middle kept in bfloat16: both products give bfloat16 anyway, so the widest tensors of the layer skip two
     conversions (to float32 and back) and the numbers stay those of the float32 route. ``keep_bf16``: a
     bfloat16 ``down`` without bias returns its product in bfloat16. None when it does not apply."""
-    if x.dtype not in (torch.float32, torch.bfloat16) or gate_up.bias is not None or gate_up.qweight is not None:
+    if x.dtype not in (torch.float32, torch.bfloat16) or gate_up.bias is not None:
+        return None
+    if gate_up.blocks_serve(x.shape[0]) or down.blocks_serve(x.shape[0]):
         return None
     # bfloat16 weights: product and SwiGLU in one pass where the kernel takes them (the same bits)
     mid = None

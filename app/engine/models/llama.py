@@ -127,7 +127,8 @@ class LlamaDecoderLayer(nn.Module):
         one-token decode step makes hundreds of them. With bfloat16 weights on CPU the rows between the norms
         and the products travel in bfloat16 (the products take and give it; each conversion is a pass), the
         residual stream stays float32, and the numbers are those of converting at every product."""
-        io = torch.bfloat16 if bf16_io(self.self_attn.o_proj) else None
+        o_proj = self.self_attn.o_proj  # (rows for GGUF blocks kept beside it stay float32, as the kernel reads)
+        io = torch.bfloat16 if bf16_io(o_proj) and not o_proj.blocks_serve(x.shape[0]) else None
         h, residual = self.input_layernorm.add_forward(x, residual, io)
         h = self.self_attn.forward(h, cos, sin, kv_cache, attn, io is not None)
         h, residual = self.post_attention_layernorm.add_forward(h, residual, io)

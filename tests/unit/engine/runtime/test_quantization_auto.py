@@ -1,7 +1,8 @@
-"""Quantization unset ("auto") on a CPU without bfloat16 products: a GGUF model keeps the file's Q4 blocks
-beside its float32 weights; steps of few rows run on the blocks (as ``quantization="gguf"``), larger ones in
-float32 (as ``quantization="none"``), token for token. Runs on every CPU class with the C kernels (AVX2 and VNNI
-both run the qblock kernel); on AVX512-BF16 the default weights are bfloat16 and auto keeps them alone."""
+"""Quantization unset ("auto"): a GGUF model keeps the file's blocks (Q4 layers, Q8_0 head) beside its float32
+or bfloat16 weights; steps of few rows run on the blocks (as ``quantization="gguf"``), larger ones on the float
+weights (as ``quantization="none"``), token for token. Runs on every CPU class with the C kernels (AVX2 and VNNI
+both run the qblock kernel, and bfloat16 weights run everywhere: natively on AVX512-BF16, where they are the
+default)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_q4(tmp_path_factory.mktemp("q4_auto"), gguf.GGMLQuantizationType.Q4_1)
 
 
-def engine(path: Path, tmp: Path, quantization: str | None) -> LLMEngine:
-    return LLMEngine(path, quantization=quantization, dtype="float32", model_cache_dir=tmp, seed=0,
+def engine(path: Path, tmp: Path, quantization: str | None, dtype: str = "float32") -> LLMEngine:
+    return LLMEngine(path, quantization=quantization, dtype=dtype, model_cache_dir=tmp, seed=0,
                      kv_cache_memory_bytes=1 << 22)
 
 
@@ -46,20 +47,23 @@ def test_the_rows_per_cpu_class() -> None:
         check_quantization(accepted)
 
 
-def test_auto_keeps_both_and_each_step_size_runs_on_its_own(q4_file: Path, tmp_path: Path) -> None:
-    auto = engine(q4_file, tmp_path, None)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_auto_keeps_both_and_each_step_size_runs_on_its_own(q4_file: Path, tmp_path: Path, dtype: str) -> None:
+    auto = engine(q4_file, tmp_path, None, dtype)
     rows = auto_block_rows(qblock_isa())
-    linears = [m for m in auto.runner.model.modules() if isinstance(m, Linear) and m.qweight is not None]
-    assert linears and all(m.weight.dtype == torch.float32 and m.block_rows == rows for m in linears)
-    assert auto.runner.model.block_rows == rows
-    assert auto.runner.model.lm_head_blocks is None  # the head, which picks the token, stays float32
-    blocks = engine(q4_file, tmp_path, "gguf")
-    blocks.runner.model.lm_head_blocks = None  # gguf's layers with a float head: what auto runs for few rows
-    few = random_prompts(2, 2, 6, seed=1)  # prefill and decode of at most a dozen rows: the blocks
-    assert tokens(auto.generate(few, GREEDY)) == tokens(blocks.generate(few, GREEDY))
     assert rows is not None
-    many = random_prompts(rows + 4, 2, 6, seed=2)  # every step over the rows: float32
-    assert tokens(auto.generate(many, GREEDY)) == tokens(engine(q4_file, tmp_path, "none").generate(many, GREEDY))
+    model = auto.runner.model
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m.qweight is not None]
+    assert linears and all(m.weight.dtype == getattr(torch, dtype) and m.block_rows == rows for m in linears)
+    assert model.block_rows == rows
+    assert model.lm_head_blocks is not None  # the file's head too, for the same steps
+    assert model.lm_head_weight().dtype == getattr(torch, dtype)  # ... and the float one for the others
+    few = random_prompts(2, 2, 6, seed=1)  # prefill and decode of at most a dozen rows: the blocks
+    blocks = engine(q4_file, tmp_path, "gguf", dtype)
+    assert tokens(auto.generate(few, GREEDY)) == tokens(blocks.generate(few, GREEDY))
+    many = random_prompts(rows + 4, 2, 6, seed=2)  # every step over the rows: the float weights
+    plain = engine(q4_file, tmp_path, "none", dtype)
+    assert tokens(auto.generate(many, GREEDY)) == tokens(plain.generate(many, GREEDY))
 
 
 def test_none_keeps_the_float_weights_alone(q4_file: Path, tmp_path: Path) -> None:
