@@ -94,8 +94,8 @@ class EngineConfig:
     # reads bfloat16 values); or "float32" / "bfloat16"
     kv_cache_dtype: str = "auto"
     # Weight-only quantization of the matrix products (app.engine.models.quantization): None picks per CPU class
-    # (a GGUF model on a CPU without bfloat16 products keeps its Q4 blocks for few-row steps beside float32
-    # weights); "none" keeps the loaded weights; "int8" or "gguf" for every step
+    # (a GGUF model keeps its blocks for few-row steps beside float32 or bfloat16 weights); "none" keeps the
+    # loaded weights; "int8" or "gguf" for every step
     quantization: str | None = None
     device: str | torch.device = "auto"  # "auto": CUDA when available
     block_size: int = 16
