@@ -248,15 +248,19 @@ def scheduler_config(config: EngineConfig, max_pos: int, num_blocks: int,
 
 def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.device, dtype: torch.dtype) -> None:
     """Quantization "auto": a GGUF model with float32 or bfloat16 weights on CPU keeps the file's blocks beside
-    them (its Q4 layers and its Q8_0 LM head), for the steps of few rows (:data:`AUTO_BLOCK_ROWS`), where memory
-    allows; the load log says which it chose."""
+    them (its Q4 layers and its Q8_0 LM head), for the steps of few rows (:func:`auto_block_rows`), where
+    memory allows; the load log says which it chose."""
+    from app.engine.kernels.matmul import bf16_matmul_supported
     from app.engine.kernels.qblock import qblock_isa
     from app.engine.loading import apply_quantization, default_model_path
     from app.engine.loading.gguf import is_gguf_file
 
     path = default_model_path() if source is None else Path(source).expanduser()
-    rows = auto_block_rows(qblock_isa() if library.available() else None)
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or rows is None:
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return
+    bf16_products = dtype == torch.bfloat16 and bf16_matmul_supported()
+    rows = auto_block_rows(qblock_isa() if library.available() else None, bf16_products)
+    if rows is None:
         return
     if not is_gguf_file(path):
         return

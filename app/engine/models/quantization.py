@@ -26,6 +26,7 @@ from app.engine.models.layers import Linear
 
 __all__ = [
     "AUTO_BLOCK_ROWS",
+    "AUTO_BLOCK_ROWS_BF16",
     "QUANTIZATIONS",
     "auto_block_rows",
     "check_quantization",
@@ -49,17 +50,23 @@ def check_quantization(method: str | None) -> None:
 #: quantization None ("auto"): a GGUF model keeps its blocks beside the float32 or bfloat16 weights, and steps
 #: of at most this many rows run on the blocks (a few sequences decoding read every weight per token, so 0.63
 #: bytes a weight beat 4 or 2), larger ones on the float weights (where the products, not the bytes, are the
-#: time). On AVX512-BF16 (bfloat16 weights by default), one stream: 87 tok/s on bfloat16, 170 with the blocks. Measured with scripts/bench_engine_rows.py: AMD EPYC AVX2, 2 threads, SmolLM2-135M: blocks
+#: time). Measured with scripts/bench_engine_rows.py, SmolLM2-135M, 2 threads. AMD EPYC AVX2, float32: blocks
 #: 118/158/121/154/142 tok/s at 1/2/4/8/16 sequences against float32's 29/54/56/89/140, float32 ahead from 32
 #: (199 against 137). VNNI's int8 dot products make the blocks faster per row; there they serve up to the
 #: kernel's most rows.
 AUTO_BLOCK_ROWS = {"avx2": 16, "vnni": 24}
+#: ... and beside bfloat16 weights on a CPU with bfloat16 products, whose products of a few rows are already
+#: fast: AMD EPYC AVX512-BF16, blocks 175/307/384/417/395 tok/s at 1/2/3/4/6 sequences against bfloat16's
+#: 77/164/242/315/465, and 409 against 517 at 8.
+AUTO_BLOCK_ROWS_BF16 = 4
 
 
-def auto_block_rows(isa: str | None) -> int | None:
+def auto_block_rows(isa: str | None, bf16_products: bool = False) -> int | None:
     """The most rows the blocks serve under quantization "auto" on a CPU whose qblock kernel is ``isa`` ("avx2"
-    or "vnni"; None: no C kernels, so no blocks)."""
-    return None if isa is None else AUTO_BLOCK_ROWS.get(isa)
+    or "vnni"; None: no C kernels, so no blocks); ``bf16_products``: beside bfloat16 weights that this CPU
+    multiplies natively (AVX512-BF16)."""
+    rows = None if isa is None else AUTO_BLOCK_ROWS.get(isa)
+    return rows if rows is None or not bf16_products else min(rows, AUTO_BLOCK_ROWS_BF16)
 
 
 def memory_available() -> int | None:

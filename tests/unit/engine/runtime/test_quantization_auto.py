@@ -14,9 +14,15 @@ import torch
 
 import app.engine.kernels.library as library
 from app.engine import LLMEngine, SamplingParams
+from app.engine.kernels.matmul import bf16_matmul_supported
 from app.engine.kernels.qblock import qblock_isa
 from app.engine.models.layers import Linear
-from app.engine.models.quantization import AUTO_BLOCK_ROWS, auto_block_rows, check_quantization
+from app.engine.models.quantization import (
+    AUTO_BLOCK_ROWS,
+    AUTO_BLOCK_ROWS_BF16,
+    auto_block_rows,
+    check_quantization,
+)
 from tests.support.engine_runtime import random_prompts
 
 gguf = pytest.importorskip("gguf")
@@ -43,6 +49,9 @@ def tokens(outputs: list[Any]) -> list[list[int]]:
 def test_the_rows_per_cpu_class() -> None:
     assert auto_block_rows("avx2") == AUTO_BLOCK_ROWS["avx2"] == 16 and auto_block_rows("vnni") == 24
     assert auto_block_rows(None) is None
+    # beside bfloat16 weights that the CPU multiplies natively, the blocks serve fewer rows
+    assert auto_block_rows("vnni", bf16_products=True) == AUTO_BLOCK_ROWS_BF16 == 4
+    assert auto_block_rows("avx2", bf16_products=True) == 4 and auto_block_rows(None, bf16_products=True) is None
     for accepted in (None, "none", "int8", "gguf"):
         check_quantization(accepted)
 
@@ -50,7 +59,7 @@ def test_the_rows_per_cpu_class() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_auto_keeps_both_and_each_step_size_runs_on_its_own(q4_file: Path, tmp_path: Path, dtype: str) -> None:
     auto = engine(q4_file, tmp_path, None, dtype)
-    rows = auto_block_rows(qblock_isa())
+    rows = auto_block_rows(qblock_isa(), dtype == "bfloat16" and bf16_matmul_supported())
     assert rows is not None
     model = auto.runner.model
     linears = [m for m in model.modules() if isinstance(m, Linear) and m.qweight is not None]
@@ -58,7 +67,8 @@ def test_auto_keeps_both_and_each_step_size_runs_on_its_own(q4_file: Path, tmp_p
     assert model.block_rows == rows
     assert model.lm_head_blocks is not None  # the file's head too, for the same steps
     assert model.lm_head_weight().dtype == getattr(torch, dtype)  # ... and the float one for the others
-    few = random_prompts(2, 2, 6, seed=1)  # prefill and decode of at most a dozen rows: the blocks
+    # prefill and decode steps within the rows: the blocks
+    few = random_prompts(2, 2, 6, seed=1) if rows >= 12 else random_prompts(1, 2, rows, seed=1)
     blocks = engine(q4_file, tmp_path, "gguf", dtype)
     assert tokens(auto.generate(few, GREEDY)) == tokens(blocks.generate(few, GREEDY))
     many = random_prompts(rows + 4, 2, 6, seed=2)  # every step over the rows: the float weights
