@@ -260,13 +260,11 @@ def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.
         return
     bf16_products = dtype == torch.bfloat16 and bf16_matmul_supported()
     rows = auto_block_rows(qblock_isa() if library.available() else None, bf16_products)
-    if rows is None:
-        return
-    if not is_gguf_file(path):
+    if rows is None or not is_gguf_file(path):
         return
     weights = sum(p.numel() for p in model.parameters())
     free = memory_available()
-    if free is not None and free < weights:  # the blocks take about 0.6 bytes a weight
+    if free is not None and free < weights:  # the blocks take about 0.6 bytes a weight: ask for 1 byte free
         log.info("quantization auto: %s weights only (%.0f MiB available, too little to keep %s's blocks "
                  "beside them)", _dtype_name(dtype), free / (1 << 20), path.name)
         return

@@ -46,7 +46,7 @@ class Linear(nn.Module):
         it, for a consumer that reads bfloat16 (saves two conversions); other weights ignore it. GGUF blocks
         kept beside the weight serve the products of few rows first (quantization "auto")."""
         blocks = self.qweight
-        if blocks is not None and (self.block_rows is None or x.shape[0] <= self.block_rows):
+        if blocks is not None and self.blocks_serve(x.shape[0]):
             # bfloat16 activations (blocks beside bfloat16 weights) widen exactly; the kernel rounds them to int8
             out = qblock_linear(x.float() if x.dtype == torch.bfloat16 else x, blocks, self.bias)
             return qblock_reference(x, blocks, self.bias) if out is None else out.to(x.dtype)

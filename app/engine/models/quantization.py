@@ -56,8 +56,8 @@ def check_quantization(method: str | None) -> None:
 #: kernel's most rows.
 AUTO_BLOCK_ROWS = {"avx2": 16, "vnni": 24}
 #: ... and beside bfloat16 weights on a CPU with bfloat16 products, whose products of a few rows are already
-#: fast: AMD EPYC AVX512-BF16, blocks 175/307/384/417/395 tok/s at 1/2/3/4/6 sequences against bfloat16's
-#: 77/164/242/315/465, and 409 against 517 at 8.
+#: fast: AMD EPYC AVX512-BF16, blocks 162/225/325/341/314 tok/s at 1/2/4/6/8 sequences against bfloat16's
+#: 94/164/304/482/612.
 AUTO_BLOCK_ROWS_BF16 = 4
 
 
