@@ -276,7 +276,8 @@ class EngineArgs(BaseModel):
     quantization: Literal["none", "int8", "gguf"] | None = Field(
         default=None,
         description="Native engine: unset = per CPU class (a GGUF model keeps its blocks, Q4 layers and Q8_0 head, "
-        "for steps of few rows beside float32 or bfloat16 weights for the larger ones); 'none' = the weights as "
+        "for steps of few rows beside float32 or bfloat16 weights for the larger ones, float32 weights as int8 "
+        "products on a CPU with AVX512-VNNI and no BF16); 'none' = the weights as "
         "loaded; 'int8' = weight-only int8 products (per-channel scales); 'gguf' = a GGUF model's own Q4_0/Q4_1 "
         "blocks for every step (4-bit products, CPU)",
     )

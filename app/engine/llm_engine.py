@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 import app.engine.kernels.library as library
+from app.engine.attention import AttentionMetadata
 from app.engine.config import ModelConfig
 from app.engine.core.admission import BatchingStrategyName, check_batching_strategy
 from app.engine.core.block_manager import BlockManager, num_blocks_for_budget
@@ -47,11 +48,16 @@ from app.engine.model_runner import ModelRunner
 from app.engine.models.base import PagedCausalLM
 from app.engine.models.llama import LlamaForCausalLM
 from app.engine.models.quantization import (
+    CALIBRATION_TEXT,
     QUANTIZATIONS,
     auto_block_rows,
+    auto_int8_products,
     check_quantization,
+    install_w8a8,
     memory_available,
     quantize_model,
+    settle_w8a8,
+    w8a8_pending,
 )
 from app.engine.output_processor import OutputProcessor
 from app.engine.outputs import RequestOutput
@@ -94,7 +100,8 @@ class EngineConfig:
     # reads bfloat16 values); or "float32" / "bfloat16"
     kv_cache_dtype: str = "auto"
     # Weight-only quantization of the matrix products (app.engine.models.quantization): None picks per CPU class
-    # (a GGUF model keeps its blocks for few-row steps beside float32 or bfloat16 weights); "none" keeps the
+    # (a GGUF model keeps its blocks for few-row steps beside float32 or bfloat16 weights, and float32 weights
+    # run the larger steps as int8 products on a CPU with AVX512-VNNI, see install_w8a8); "none" keeps the
     # loaded weights; "int8" or "gguf" for every step
     quantization: str | None = None
     device: str | torch.device = "auto"  # "auto": CUDA when available
@@ -259,7 +266,8 @@ def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return
     bf16_products = dtype == torch.bfloat16 and bf16_matmul_supported()
-    rows = auto_block_rows(qblock_isa() if library.available() else None, bf16_products)
+    isa = qblock_isa() if library.available() else None
+    rows = auto_block_rows(isa, bf16_products)
     if rows is None or not is_gguf_file(path):
         return
     weights = sum(p.numel() for p in model.parameters())
@@ -269,10 +277,15 @@ def _auto_blocks(model: PagedCausalLM, source: str | Path | None, device: torch.
                  "beside them)", _dtype_name(dtype), free / (1 << 20), path.name)
         return
     count = apply_quantization(model, "gguf", path, beside_float_rows=rows)
-    if count:
-        log.info("quantization auto: %s's blocks kept beside the %s weights (%d linear layers and the LM head): "
-                 "steps of up to %d rows run on the blocks, larger ones in %s (set quantization 'none' or "
-                 "'gguf' to keep one)", path.name, _dtype_name(dtype), count, rows, _dtype_name(dtype))
+    if not count:
+        return
+    larger = _dtype_name(dtype)
+    if dtype == torch.float32 and auto_int8_products(isa) and (free is None or free >= 2 * weights):
+        install_w8a8(model)  # a CPU without bfloat16 products: int8 products beat float32's for many rows
+        larger = "int8 products (float32 weights rounded to int8 per channel, activations per row)"
+    log.info("quantization auto: %s's blocks kept beside the %s weights (%d linear layers and the LM head): "
+             "steps of up to %d rows run on the blocks, larger ones on %s (set quantization 'none' or "
+             "'gguf' to keep one)", path.name, _dtype_name(dtype), count, rows, larger)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -393,6 +406,8 @@ class LLMEngine:
         self._model = model
         self.runner = _make_runner(config, model, model_config, num_blocks, self.kv_cache_dtype, device,
                                    self.scheduler)
+        if isinstance(self.runner, ModelRunner) and w8a8_pending(model):
+            self._calibrate_int8(self.runner, num_blocks)
         self.sampler = Sampler(logprobs_mode=config.logprobs_mode, seed=config.seed)
         self.guided = GuidedDecoding(tokenizer, self.vocab_size, eos_ids, max_model_len=self.max_model_len)
         self.spec_decoder = self._make_spec_decoder(spec, num_blocks) if spec else None
@@ -443,6 +458,17 @@ class LLMEngine:
             dtype_bytes=torch.empty((), dtype=self.kv_cache_dtype).element_size(),
             block_size=config.block_size,
         )
+
+    def _calibrate_int8(self, runner: ModelRunner, num_blocks: int) -> None:
+        """Run CALIBRATION_TEXT once through the model (a prefill into KV blocks no request holds yet) so that
+        the int8 products know which input channels to keep in float32 (quantization "auto", see Int8Weight)."""
+        block = runner.block_size
+        ids = self.tokenizer.encode(CALIBRATION_TEXT, add_special_tokens=False)[: (num_blocks - 1) * block]
+        if ids:
+            meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(-(-len(ids) // block)))], block)
+            with torch.inference_mode():
+                self._model(torch.tensor(ids, device=self.device), torch.arange(len(ids), device=self.device), meta)
+        settle_w8a8(self._model)
 
     def _make_spec_decoder(self, spec: SpeculativeConfig, num_blocks: int) -> SpeculativeDecoder:
         draft: DraftModelProposer | None = None

@@ -252,6 +252,31 @@ def int8_linear(
     return out.view(*shape[:-1], qweight.shape[0])
 
 
+def w8a8_linear(
+    x: torch.Tensor,
+    qweight_t: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    outliers: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``x @ W.T + bias`` for float32 rows ``x`` ``[rows, in]`` and ``W = qweight_t.T * scales[:, None]`` (int8
+    ``qweight_t`` ``[in, out]``, float32 per-output-channel ``scales``): each row of ``x`` is rounded to int8 with
+    its own scale (``max|x| / 127``), the product is ``torch._int_mm``'s exact int32 sums (oneDNN's s8s8 kernel,
+    VNNI dot products where the CPU has them), scaled back to float32. ``outliers`` ``(channels [k], weight
+    [k, out])``: input channels whose values dwarf the others (a model's massive activations) are left out of the
+    rounding and multiplied in float32 instead, as LLM.int8() does (their rows of ``qweight_t`` must be zero). A row's rounding and int32 sums depend on that
+    row alone; only the float32 product of the outlier channels may round differently by batch size."""
+    magnitude = x.abs()
+    if outliers is not None:  # their rows of qweight_t are zero, so their clamped codes add nothing
+        magnitude.index_fill_(1, outliers[0], 0.0)
+    amax = magnitude.amax(dim=1, keepdim=True).clamp_min_(1e-30)
+    xq = torch.mul(x, 127.0 / amax).round_().clamp_(-127.0, 127.0).to(torch.int8)
+    out = torch._int_mm(xq, qweight_t).float().mul_(amax * (1.0 / 127.0)).mul_(scales)
+    if outliers is not None:
+        out.addmm_(x.index_select(1, outliers[0]), outliers[1])
+    return out if bias is None else out.add_(bias)
+
+
 def int4_linear(
     x: torch.Tensor,
     packed: torch.Tensor,

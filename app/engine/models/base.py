@@ -68,8 +68,12 @@ class PagedCausalLM(nn.Module):
         return self.block_rows is None or rows <= self.block_rows
 
     def weights_changed(self) -> None:
-        """Forget what was built from the weights (call after changing them in place, as quantization does)."""
+        """Forget what was built from the weights (call after changing them in place, as quantization does):
+        the C decode layers, and int8 copies (their layers run in float32 again)."""
         self.decode_plan = None
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.int8 = None
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
         """Attach per-layer caches ``[2, num_blocks, block_size, kv_heads, head_dim]`` (see allocate_kv_cache)."""

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import app.engine.kernels as kernels
 from app.engine.kernels import small_matmul
-from app.engine.kernels.matmul import bf16_linear, bf16_swiglu, int4_linear, int8_linear, onednn_linear
+from app.engine.kernels.matmul import (
+    bf16_linear,
+    bf16_swiglu,
+    int4_linear,
+    int8_linear,
+    onednn_linear,
+    w8a8_linear,
+)
 from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
 
 
@@ -18,6 +27,30 @@ def placeholder(*shape: int) -> nn.Parameter:
     Allocating and randomly initialising weights that are overwritten at once costs seconds for a real model.
     """
     return nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False)
+
+
+@dataclass
+class Int8Weight:
+    """An int8 copy of a float32 weight (``qweight_t`` ``[in, out]``, per-output-channel ``scales``) for
+    :func:`~app.engine.kernels.matmul.w8a8_linear`. Its ``outliers`` (the input channels run in float32, with
+    their float32 weight columns) come from a calibration pass: :meth:`observe` keeps the largest magnitude each
+    input channel reached, :meth:`settle` takes the ``count`` largest. Until then the layer runs in float32."""
+
+    qweight_t: torch.Tensor
+    scales: torch.Tensor
+    seen: torch.Tensor | None = None
+    outliers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def observe(self, x: torch.Tensor) -> None:
+        peak = x.detach().abs().amax(dim=0)
+        self.seen = peak if self.seen is None else torch.maximum(self.seen, peak)
+
+    def settle(self, weight: torch.Tensor, count: int) -> None:
+        seen = self.seen if self.seen is not None else torch.zeros(weight.shape[1])
+        channels = seen.topk(min(count, seen.numel())).indices.sort().values
+        self.qweight_t[channels] = 0  # those channels are multiplied in float32 instead
+        self.outliers = (channels, weight.detach().index_select(1, channels).t().contiguous())
+        self.seen = None
 
 
 class Linear(nn.Module):
@@ -36,6 +69,9 @@ class Linear(nn.Module):
         # blocks beside float weights (quantization "auto"): the blocks serve products of at most this many rows,
         # the float weights the larger ones; None: the blocks serve every product (``weight`` is their codes)
         self.block_rows: int | None = None
+        # quantization "auto" without bfloat16 products: an int8 copy of the float32 weight for the products of
+        # more rows than the blocks serve (w8a8_linear), once calibrated
+        self.int8: Int8Weight | None = None
 
     def blocks_serve(self, rows: int) -> bool:
         """Whether a product of ``rows`` rows runs on the GGUF blocks."""
@@ -50,6 +86,11 @@ class Linear(nn.Module):
             # bfloat16 activations (blocks beside bfloat16 weights) widen exactly; the kernel rounds them to int8
             out = qblock_linear(x.float() if x.dtype == torch.bfloat16 else x, blocks, self.bias)
             return qblock_reference(x, blocks, self.bias) if out is None else out.to(x.dtype)
+        int8 = self.int8
+        if int8 is not None and x.dtype == torch.float32 and x.dim() == 2:
+            if int8.outliers is not None:
+                return w8a8_linear(x, int8.qweight_t, int8.scales, self.bias, int8.outliers)
+            int8.observe(x)  # not calibrated yet: the float32 product, and the input's channels are measured
         if keep_bf16 and self.bias is None and bf16_io(self):
             out = bf16_linear(x, self.weight, keep_bf16=True)
             if out is not None:

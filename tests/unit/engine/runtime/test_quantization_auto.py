@@ -1,6 +1,7 @@
 """Quantization unset ("auto"): a GGUF model keeps the file's blocks (Q4 layers, Q8_0 head) beside its float32
 or bfloat16 weights; steps of few rows run on the blocks (as ``quantization="gguf"``), larger ones on the float
-weights (as ``quantization="none"``), token for token. Runs on every CPU class with the C kernels (AVX2 and VNNI
+weights (as ``quantization="none"``; beside float32 weights on a CPU with VNNI, as int8 products of them), token
+for token. Runs on every CPU class with the C kernels (AVX2 and VNNI
 both run the qblock kernel, and bfloat16 weights run everywhere: natively on AVX512-BF16, where they are the
 default)."""
 
@@ -21,6 +22,7 @@ from app.engine.models.quantization import (
     AUTO_BLOCK_ROWS,
     AUTO_BLOCK_ROWS_BF16,
     auto_block_rows,
+    auto_int8_products,
     check_quantization,
 )
 from tests.support.engine_runtime import random_prompts
@@ -73,14 +75,26 @@ def test_auto_keeps_both_and_each_step_size_runs_on_its_own(q4_file: Path, tmp_p
     assert tokens(auto.generate(few, GREEDY)) == tokens(blocks.generate(few, GREEDY))
     many = random_prompts(rows + 4, 2, 6, seed=2)  # every step over the rows: the float weights
     plain = engine(q4_file, tmp_path, "none", dtype)
+    int8 = dtype == "float32" and auto_int8_products(qblock_isa())
+    # ... which, beside float32 weights on a CPU with VNNI, run as int8 products of those weights
+    assert all((m.int8 is not None) == int8 for m in linears)
+    if int8:  # the same int8 copies (and calibrated channels) on the plain model
+        plain_linears = [m for m in plain.runner.model.modules() if isinstance(m, Linear)]
+        for ours, theirs in zip([m for m in model.modules() if isinstance(m, Linear)], plain_linears, strict=True):
+            assert ours.int8 is not None and ours.int8.outliers is not None  # calibrated at load
+            theirs.int8 = ours.int8
     assert tokens(auto.generate(many, GREEDY)) == tokens(plain.generate(many, GREEDY))
+
+
+def test_int8_products_only_where_the_cpu_has_vnni() -> None:
+    assert auto_int8_products("vnni") and not auto_int8_products("avx2") and not auto_int8_products(None)
 
 
 def test_none_keeps_the_float_weights_alone(q4_file: Path, tmp_path: Path) -> None:
     plain = engine(q4_file, tmp_path, "none")
     model = plain.runner.model
     assert model.block_rows is None and model.lm_head_blocks is None
-    assert all(m.qweight is None for m in model.modules() if isinstance(m, Linear))
+    assert all(m.qweight is None and m.int8 is None for m in model.modules() if isinstance(m, Linear))
 
 
 def test_an_hf_folder_stays_float(tmp_path: Path) -> None:
