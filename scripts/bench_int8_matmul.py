@@ -8,10 +8,10 @@ overflow the caches, called in turn), side by side:
 
 * ``float32``: what a model without BF16 runs for batched steps today (``layers.linear``: oneDNN on a packed
   copy);
-* ``W8A8``: the activations rounded to int8 per row (absmax / 127), the weight to int8 per output channel, the
-  product by ``torch._int_mm`` (int32 sums; oneDNN's s8s8 product, VNNI where the CPU has it), scaled back to
-  float32: every step of it is timed, the rounding of the activations included;
-* ``GGUF Q4 blocks``: the qblock kernel on the model's blocks, which auto runs for few-row steps.
+* ``W8A8``: ``matmul.w8a8_linear`` as quantization "auto" runs it: the activations rounded to int8 per row
+  (absmax / 127), the weight to int8 per output channel, the product by ``torch._int_mm`` (int32 sums; oneDNN's
+  s8s8 product, VNNI where the CPU has it), scaled back to float32, plus the float32 product of the
+  ``W8A8_OUTLIERS`` input channels kept out of the rounding: every step of it is timed.
 
 The last columns are the speed-up of W8A8 over float32, and its error against the float32 product (max abs error
 over max abs value of the output).
@@ -23,13 +23,16 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.engine.models.layers import linear  # noqa: E402
+from app.engine.kernels.matmul import w8a8_linear
+from app.engine.models.layers import linear
+from app.engine.models.quantization import W8A8_OUTLIERS
 
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))  # (out, in): q/o, k/v, up, down, head
 STREAM_BYTES = 96 << 20
@@ -46,14 +49,13 @@ def best_ms(fn: Callable[[int], object], copies: int, repeats: int) -> float:
     return best * 1e3
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
-    return torch.round(x / scale).to(torch.int8), scale
+def _float32(x: torch.Tensor, weights: list[torch.Tensor], i: int) -> torch.Tensor:
+    return linear(x, weights[i])
 
 
-def w8a8(x: torch.Tensor, wq_t: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    xq, xs = quantize_rows(x)
-    return torch._int_mm(xq, wq_t).float().mul_(xs).mul_(w_scale)
+def _int8(x: torch.Tensor, quantized: list[tuple], i: int) -> torch.Tensor:  # type: ignore[type-arg]
+    codes, scale, outliers = quantized[i]
+    return w8a8_linear(x, codes, scale, None, outliers)
 
 
 def main() -> None:
@@ -69,16 +71,19 @@ def main() -> None:
     for out_f, in_f in SHAPES:
         copies = max(2, STREAM_BYTES // (out_f * in_f * 4))
         weights = [torch.randn(out_f, in_f) * 0.05 for _ in range(copies)]
+        channels = torch.arange(W8A8_OUTLIERS) * (in_f // W8A8_OUTLIERS)  # the channels kept in float32
         quantized = []
         for w in weights:
             scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-            quantized.append((torch.round(w / scale[:, None]).to(torch.int8).t().contiguous().t(), scale))
+            codes = torch.round(w / scale[:, None]).to(torch.int8).t().contiguous()
+            codes[channels] = 0
+            quantized.append((codes, scale, (channels, w[:, channels].t().contiguous())))
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, in_f)
-            f32 = best_ms(lambda i: linear(x, weights[i]), copies, args.repeats)
-            i8 = best_ms(lambda i: w8a8(x, quantized[i][0].t(), quantized[i][1]), copies, args.repeats)
+            f32 = best_ms(partial(_float32, x, weights), copies, args.repeats)
+            i8 = best_ms(partial(_int8, x, quantized), copies, args.repeats)
             ref = linear(x, weights[0])
-            err = (w8a8(x, quantized[0][0].t(), quantized[0][1]) - ref).abs().max() / ref.abs().max()
+            err = (w8a8_linear(x, *quantized[0][:2], None, quantized[0][2]) - ref).abs().max() / ref.abs().max()
             print(f"{out_f:>8} x {in_f:<7} {rows:>5} {f32:>9.3f} {i8:>9.3f} {f32 / i8:>8.2f}x {err.item():>11.4f}")
 
 
