@@ -467,7 +467,10 @@ class LLMEngine:
         if ids:
             meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(-(-len(ids) // block)))], block)
             with torch.inference_mode():
-                self._model(torch.tensor(ids, device=self.device), torch.arange(len(ids), device=self.device), meta)
+                hidden = self._model(
+                    torch.tensor(ids, device=self.device), torch.arange(len(ids), device=self.device), meta
+                )
+                self._model.compute_logits(hidden)  # the LM head's input too
         settle_w8a8(self._model)
 
     def _make_spec_decoder(self, spec: SpeculativeConfig, num_blocks: int) -> SpeculativeDecoder:

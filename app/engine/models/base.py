@@ -11,9 +11,9 @@ from torch import nn
 from app.engine.attention import AttentionMetadata, AttentionWorkspace
 from app.engine.config import ModelConfig
 from app.engine.kernels.elementwise import argmax_ties
-from app.engine.kernels.matmul import bf16_gemm, bf16_matmul_supported, bf16_small_matmul
+from app.engine.kernels.matmul import bf16_gemm, bf16_matmul_supported, bf16_small_matmul, w8a8_linear
 from app.engine.kernels.qblock import QBlockWeight, qblock_linear, qblock_reference
-from app.engine.models.layers import Linear, linear
+from app.engine.models.layers import Int8Weight, Linear, linear
 
 
 def refine_tied_maxima(logits: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor) -> None:
@@ -56,6 +56,9 @@ class PagedCausalLM(nn.Module):
         # quantization="gguf": the LM head in the file's own blocks (qblock kernel), beside the float copy the
         # embedding lookup reads
         self.lm_head_blocks: QBlockWeight | None = None
+        # quantization "auto" without bfloat16 products: the LM head's int8 copy for the logits of more rows than
+        # the blocks serve (see Int8Weight), like the Linears'
+        self.lm_head_int8: Int8Weight | None = None
         # quantization "auto": GGUF blocks beside the float weights serve steps of at most this many rows (None:
         # the blocks, where there are any, serve every step)
         self.block_rows: int | None = None
@@ -71,6 +74,7 @@ class PagedCausalLM(nn.Module):
         """Forget what was built from the weights (call after changing them in place, as quantization does):
         the C decode layers, and int8 copies (their layers run in float32 again)."""
         self.decode_plan = None
+        self.lm_head_int8 = None
         for module in self.modules():
             if isinstance(module, Linear):
                 module.int8 = None
@@ -129,6 +133,11 @@ class PagedCausalLM(nn.Module):
         if self.lm_head_blocks is not None and hidden.dtype == torch.float32 and self.blocks_serve(hidden.shape[0]):
             logits = qblock_linear(hidden, self.lm_head_blocks)
             return qblock_reference(hidden, self.lm_head_blocks) if logits is None else logits
+        int8 = self.lm_head_int8
+        if int8 is not None and hidden.dtype == torch.float32 and hidden.dim() == 2:
+            if int8.outliers is not None:
+                return w8a8_linear(hidden, int8.qweight_t, int8.scales, None, int8.outliers)
+            int8.observe(hidden)  # the calibration pass
         head = self.lm_head_weight()
         cpu = hidden.device.type == "cpu"
         if head.dtype == torch.bfloat16 and hidden.dtype == torch.float32 and cpu and bf16_matmul_supported():

@@ -18,6 +18,8 @@ tensors (norms, the embedding) keep the model's dtype.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -144,32 +146,52 @@ CALIBRATION_TEXT = (
 )
 
 
+def _int8_copy(weight: torch.Tensor) -> Int8Weight:
+    weight = weight.detach()
+    scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
+    qweight = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return Int8Weight(qweight.t().contiguous(), scales.contiguous())
+
+
+def _int8_holders(model: nn.Module) -> list[tuple[Any, str, torch.Tensor]]:
+    """``(owner, attribute, float weight)`` of every int8 copy: the Linears' and the LM head's."""
+    holders: list[tuple[Any, str, torch.Tensor]] = [
+        (m, "int8", m.weight) for m in model.modules() if isinstance(m, Linear)
+    ]
+    head = getattr(model, "lm_head_weight", None)
+    if head is not None and hasattr(model, "lm_head_int8"):
+        holders.append((model, "lm_head_int8", head()))
+    return holders
+
+
 def install_w8a8(model: nn.Module) -> int:
-    """Give every float32 Linear an int8 copy of its weight for the products the GGUF blocks do not serve
-    (quantization "auto" on a CPU without bfloat16 products, see :func:`app.engine.kernels.matmul.w8a8_linear`);
-    returns how many. They run in float32 until :func:`settle_w8a8` (after a calibration pass)."""
+    """Give every float32 Linear, and the LM head, an int8 copy of its weight for the products the GGUF blocks do
+    not serve (quantization "auto" on a CPU without bfloat16 products, see
+    :func:`app.engine.kernels.matmul.w8a8_linear`); returns how many. They run in float32 until
+    :func:`settle_w8a8` (after a calibration pass)."""
     count = 0
-    for module in model.modules():
-        if isinstance(module, Linear) and module.weight.dtype == torch.float32 and module.scales is None:
-            weight = module.weight.detach()
-            scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
-            qweight = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-            module.int8 = Int8Weight(qweight.t().contiguous(), scales.contiguous())
+    for owner, attribute, weight in _int8_holders(model):
+        if weight.dtype == torch.float32 and getattr(owner, "scales", None) is None:
+            setattr(owner, attribute, _int8_copy(weight))
             count += 1
     return count
 
 
 def w8a8_pending(model: nn.Module) -> bool:
-    """Whether some Linear has an int8 copy waiting for its calibration."""
-    return any(isinstance(m, Linear) and m.int8 is not None and m.int8.outliers is None for m in model.modules())
+    """Whether some int8 copy waits for its calibration."""
+    return any(
+        (int8 := getattr(owner, attribute)) is not None and int8.outliers is None
+        for owner, attribute, _ in _int8_holders(model)
+    )
 
 
 def settle_w8a8(model: nn.Module, outliers: int = W8A8_OUTLIERS) -> None:
-    """After the calibration pass: each int8 Linear keeps its ``outliers`` largest input channels in float32 and
+    """After the calibration pass: each int8 copy keeps its ``outliers`` largest input channels in float32 and
     runs its products in int8 from now on."""
-    for module in model.modules():
-        if isinstance(module, Linear) and module.int8 is not None and module.int8.outliers is None:
-            module.int8.settle(module.weight, outliers)
+    for owner, attribute, weight in _int8_holders(model):
+        int8 = getattr(owner, attribute)
+        if int8 is not None and int8.outliers is None:
+            int8.settle(weight, outliers)
 
 
 def q4_fits(module: Linear) -> bool:

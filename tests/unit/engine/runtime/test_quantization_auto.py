@@ -83,6 +83,8 @@ def test_auto_keeps_both_and_each_step_size_runs_on_its_own(q4_file: Path, tmp_p
         for ours, theirs in zip([m for m in model.modules() if isinstance(m, Linear)], plain_linears, strict=True):
             assert ours.int8 is not None and ours.int8.outliers is not None  # calibrated at load
             theirs.int8 = ours.int8
+        assert model.lm_head_int8 is not None and model.lm_head_int8.outliers is not None  # the head's too
+        plain.runner.model.lm_head_int8 = model.lm_head_int8
     assert tokens(auto.generate(many, GREEDY)) == tokens(plain.generate(many, GREEDY))
 
 
