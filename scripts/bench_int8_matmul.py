@@ -54,8 +54,8 @@ def _float32(x: torch.Tensor, weights: list[torch.Tensor], i: int) -> torch.Tens
 
 
 def _int8(x: torch.Tensor, quantized: list[tuple], i: int) -> torch.Tensor:  # type: ignore[type-arg]
-    codes, scale, outliers = quantized[i]
-    return w8a8_linear(x, codes, scale, None, outliers)
+    codes, scale, outliers, keep = quantized[i]
+    return w8a8_linear(x, codes, scale, None, outliers, keep)
 
 
 def main() -> None:
@@ -77,13 +77,14 @@ def main() -> None:
             scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
             codes = torch.round(w / scale[:, None]).to(torch.int8).t().contiguous()
             codes[channels] = 0
-            quantized.append((codes, scale, (channels, w[:, channels].t().contiguous())))
+            keep = torch.ones(in_f).index_fill_(0, channels, 0.0)
+            quantized.append((codes, scale, (channels, w[:, channels].t().contiguous()), keep))
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, in_f)
             f32 = best_ms(partial(_float32, x, weights), copies, args.repeats)
             i8 = best_ms(partial(_int8, x, quantized), copies, args.repeats)
             ref = linear(x, weights[0])
-            err = (w8a8_linear(x, *quantized[0][:2], None, quantized[0][2]) - ref).abs().max() / ref.abs().max()
+            err = (_int8(x, quantized, 0) - ref).abs().max() / ref.abs().max()
             print(f"{out_f:>8} x {in_f:<7} {rows:>5} {f32:>9.3f} {i8:>9.3f} {f32 / i8:>8.2f}x {err.item():>11.4f}")
 
 

@@ -12,7 +12,7 @@
 #include "threadpool.h"
 #include "vec_math.h"
 
-int elementwise_abi_version(void) { return 9; }
+int elementwise_abi_version(void) { return 10; }
 
 #define ROWS_PER_THREAD 8
 
@@ -399,4 +399,82 @@ void argmax_rows(const float* x, int64_t ld, int64_t rows, int64_t cols, int64_t
   int64_t chunks = rows < num_threads ? rows : num_threads;
   argmax_job job = {x, ld, rows, cols, chunks < 1 ? 1 : chunks, out, ties};
   parallel_for(job.chunks, argmax_chunk, &job, num_threads, use_pool);
+}
+
+/* int8 products (matmul.w8a8_linear). quantize_rows_i8: each row of x [rows, dim] (float32, dim % 8 == 0) is
+ * rounded to int8 by its own scale, max|x| / 127 over the channels `keep` marks 1 (the others, multiplied in
+ * float32 instead, are 0 there and their codes are clamped: their weight rows are zero); the scale goes to
+ * scales[r]. Rounding is to nearest even, as torch.round. dequantize_i32: out[r, j] = acc[r, j] * scales[r] *
+ * col_scales[j], in place on the int32 sums reinterpreted as float32. */
+typedef struct {
+  const float* x;
+  int64_t x_ld;
+  const float* keep;
+  int8_t* out;
+  float* scales;
+  int64_t rows, dim, chunks;
+} quantize_job;
+
+static void quantize_chunk(void* arg, int64_t c) {
+  const quantize_job* j = (const quantize_job*)arg;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  const __m256 sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  for (int64_t r = r0; r < r1; r++) {
+    const float* row = j->x + r * j->x_ld;
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t k = 0; k < j->dim; k += 8)
+      m = _mm256_max_ps(m, _mm256_mul_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(row + k)), _mm256_loadu_ps(j->keep + k)));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    float amax = lanes[0];
+    for (int i = 1; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+    if (amax < 1e-30f) amax = 1e-30f;
+    j->scales[r] = amax * (1.0f / 127.0f);
+    const __m256 s = _mm256_set1_ps(127.0f / amax);
+    int8_t* q = j->out + r * j->dim;
+    for (int64_t k = 0; k < j->dim; k += 8) {
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      __m256i n = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+      __m128i n16 = _mm_packs_epi32(_mm256_castsi256_si128(n), _mm256_extracti128_si256(n, 1));
+      _mm_storel_epi64((__m128i*)(q + k), _mm_packs_epi16(n16, n16));
+    }
+  }
+}
+
+void quantize_rows_i8(const float* x, int64_t x_ld, const float* keep, int8_t* out, float* scales, int64_t rows,
+                      int64_t dim, int num_threads, int use_pool) {
+  int64_t chunks = threads_for(rows, num_threads);
+  quantize_job job = {x, x_ld, keep, out, scales, rows, dim, chunks};
+  parallel_for(chunks, quantize_chunk, &job, num_threads, use_pool);
+}
+
+typedef struct {
+  void* acc;
+  const float *scales, *col_scales;
+  int64_t rows, cols, chunks;
+} dequantize_job;
+
+static void dequantize_chunk(void* arg, int64_t c) {
+  const dequantize_job* j = (const dequantize_job*)arg;
+  int64_t r0, r1;
+  row_range(j->rows, j->chunks, c, &r0, &r1);
+  for (int64_t r = r0; r < r1; r++) {
+    int32_t* a = (int32_t*)j->acc + r * j->cols;
+    float* o = (float*)j->acc + r * j->cols;
+    const __m256 s = _mm256_set1_ps(j->scales[r]);
+    int64_t k = 0;
+    for (; k + 8 <= j->cols; k += 8) {
+      __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)(a + k)));
+      _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_mul_ps(v, s), _mm256_loadu_ps(j->col_scales + k)));
+    }
+    for (; k < j->cols; k++) o[k] = ((float)a[k] * j->scales[r]) * j->col_scales[k];
+  }
+}
+
+void dequantize_i32(void* acc, const float* scales, const float* col_scales, int64_t rows, int64_t cols,
+                    int num_threads, int use_pool) {
+  int64_t chunks = threads_for(rows, num_threads);
+  dequantize_job job = {acc, scales, col_scales, rows, cols, chunks};
+  parallel_for(chunks, dequantize_chunk, &job, num_threads, use_pool);
 }

@@ -247,3 +247,38 @@ def _pick_avx512() -> bool:
 
 library.self_checks.append(_pick_avx512)
 library.self_checks.append(check_elementwise)
+
+
+def quantize_rows_i8(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each row of float32 ``x`` ``[rows, dim]`` rounded to int8 by its own scale, ``max|x * keep| / 127`` (``keep``
+    ``[dim]``: 1, or 0 for channels multiplied in float32 elsewhere, whose codes are clamped), to nearest even as
+    ``torch.round``; returns ``(codes [rows, dim], scales [rows, 1])``, or None where the kernel does not apply."""
+    lib = library.get()
+    if lib is None or x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1:
+        return None
+    rows, dim = x.shape
+    if dim % 8 or keep.dtype != torch.float32 or keep.numel() != dim or not keep.is_contiguous():
+        return None
+    codes = torch.empty(rows, dim, dtype=torch.int8)
+    scales = torch.empty(rows, 1, dtype=torch.float32)
+    lib.quantize_rows_i8(
+        x.data_ptr(), x.stride(0), keep.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, dim,
+        torch.get_num_threads(), library.use_pool(rows),
+    )
+    return codes, scales
+
+
+def dequantize_i32(acc: torch.Tensor, scales: torch.Tensor, col_scales: torch.Tensor) -> torch.Tensor | None:
+    """``acc * scales * col_scales`` in float32 for int32 sums ``acc`` ``[rows, cols]`` (row ``scales`` ``[rows,
+    1]``, ``col_scales`` ``[cols]``), written over ``acc``'s memory; None where the kernel does not apply."""
+    lib = library.get()
+    if lib is None or acc.dim() != 2 or acc.dtype != torch.int32 or not acc.is_contiguous():
+        return None
+    rows, cols = acc.shape
+    if not (scales.is_contiguous() and col_scales.is_contiguous()) or col_scales.numel() != cols:
+        return None
+    lib.dequantize_i32(
+        acc.data_ptr(), scales.data_ptr(), col_scales.data_ptr(), rows, cols,
+        torch.get_num_threads(), library.use_pool(rows),
+    )
+    return acc.view(torch.float32)

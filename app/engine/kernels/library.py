@@ -30,7 +30,7 @@ _ABI = {
     "small_matmul_abi_version": 2,
     "paged_attention_abi_version": 8,
     "prefill_attention_abi_version": 5,
-    "elementwise_abi_version": 9,
+    "elementwise_abi_version": 10,
     "qblock_matmul_abi_version": 1,
     "decode_layer_abi_version": 6,
     "bf16_matmul_abi_version": 2,
@@ -64,6 +64,10 @@ _SIGNATURES: dict[str, list[type]] = {
     ],
     # x, x_ld, residual, res_ld, flags, weight, eps, out, out_ld, rows, dim, ...
     "add_rms_norm": [_ptr, _i64, _ptr, _i64, _int, _ptr, _f32, _ptr, _i64, _i64, _i64, _int, _int],
+    # x, x_ld, keep, out, scales, rows, dim, ...
+    "quantize_rows_i8": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _int, _int],
+    # acc, scales, col_scales, rows, cols, ...
+    "dequantize_i32": [_ptr, _ptr, _ptr, _i64, _i64, _int, _int],
     "silu_mul": [
         _ptr,
         _i64,

@@ -15,6 +15,7 @@ from app.engine.kernels.cpu_features import (
     cpu_flags,
     onednn_linear_op,
 )
+from app.engine.kernels.elementwise import dequantize_i32, quantize_rows_i8
 
 # Up to this many rows the kernel beats MKL (even at 32 rows) and oneDNN (only at 1-2 rows: see onednn_linear).
 MAX_ROWS = 24
@@ -258,6 +259,7 @@ def w8a8_linear(
     scales: torch.Tensor,
     bias: torch.Tensor | None = None,
     outliers: tuple[torch.Tensor, torch.Tensor] | None = None,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ W.T + bias`` for float32 rows ``x`` ``[rows, in]`` and ``W = qweight_t.T * scales[:, None]`` (int8
     ``qweight_t`` ``[in, out]``, float32 per-output-channel ``scales``): each row of ``x`` is rounded to int8 with
@@ -265,16 +267,31 @@ def w8a8_linear(
     VNNI dot products where the CPU has them), scaled back to float32. ``outliers`` ``(channels [k], weight
     [k, out])``: input channels whose values dwarf the others (a model's massive activations) are left out of the
     rounding and multiplied in float32 instead, as LLM.int8() does (their rows of ``qweight_t`` must be zero). A row's rounding and int32 sums depend on that
-    row alone; only the float32 product of the outlier channels may round differently by batch size."""
-    magnitude = x.abs()
-    if outliers is not None:  # their rows of qweight_t are zero, so their clamped codes add nothing
-        magnitude.index_fill_(1, outliers[0], 0.0)
-    amax = magnitude.amax(dim=1, keepdim=True).clamp_min_(1e-30)
-    xq = torch.mul(x, 127.0 / amax).round_().clamp_(-127.0, 127.0).to(torch.int8)
-    out = torch._int_mm(xq, qweight_t).float().mul_(amax * (1.0 / 127.0)).mul_(scales)
+    row alone; only the float32 product of the outlier channels may round differently by batch size. ``keep``
+    ``[in]`` (1, 0 on the outlier channels): the same rounding in one C pass (elementwise.c), and the scaling back
+    in another."""
+    out = _w8a8_fused(x, qweight_t, scales, keep)
+    if out is None:
+        magnitude = x.abs()
+        if outliers is not None:  # their rows of qweight_t are zero, so their clamped codes add nothing
+            magnitude.index_fill_(1, outliers[0], 0.0)
+        amax = magnitude.amax(dim=1, keepdim=True).clamp_min_(1e-30)
+        xq = torch.mul(x, 127.0 / amax).round_().clamp_(-127.0, 127.0).to(torch.int8)
+        out = torch._int_mm(xq, qweight_t).float().mul_(amax * (1.0 / 127.0)).mul_(scales)
     if outliers is not None:
         out.addmm_(x.index_select(1, outliers[0]), outliers[1])
     return out if bias is None else out.add_(bias)
+
+
+def _w8a8_fused(
+    x: torch.Tensor, qweight_t: torch.Tensor, scales: torch.Tensor, keep: torch.Tensor | None
+) -> torch.Tensor | None:
+    if keep is None:
+        return None
+    rounded = quantize_rows_i8(x, keep)
+    if rounded is None:
+        return None
+    return dequantize_i32(torch._int_mm(rounded[0], qweight_t), rounded[1], scales)
 
 
 def int4_linear(

@@ -136,7 +136,7 @@ class PagedCausalLM(nn.Module):
         int8 = self.lm_head_int8
         if int8 is not None and hidden.dtype == torch.float32 and hidden.dim() == 2:
             if int8.outliers is not None:
-                return w8a8_linear(hidden, int8.qweight_t, int8.scales, None, int8.outliers)
+                return w8a8_linear(hidden, int8.qweight_t, int8.scales, None, int8.outliers, int8.keep)
             int8.observe(hidden)  # the calibration pass
         head = self.lm_head_weight()
         cpu = hidden.device.type == "cpu"

@@ -40,6 +40,7 @@ class Int8Weight:
     scales: torch.Tensor
     seen: torch.Tensor | None = None
     outliers: tuple[torch.Tensor, torch.Tensor] | None = None
+    keep: torch.Tensor | None = None  # [in]: 0 on the outlier channels, 1 elsewhere (the fused rounding's mask)
 
     def observe(self, x: torch.Tensor) -> None:
         peak = x.detach().abs().amax(dim=0)
@@ -50,6 +51,7 @@ class Int8Weight:
         channels = seen.topk(min(count, seen.numel())).indices.sort().values
         self.qweight_t[channels] = 0  # those channels are multiplied in float32 instead
         self.outliers = (channels, weight.detach().index_select(1, channels).t().contiguous())
+        self.keep = torch.ones(weight.shape[1]).index_fill_(0, channels, 0.0)
         self.seen = None
 
 
@@ -89,7 +91,7 @@ class Linear(nn.Module):
         int8 = self.int8
         if int8 is not None and x.dtype == torch.float32 and x.dim() == 2:
             if int8.outliers is not None:
-                return w8a8_linear(x, int8.qweight_t, int8.scales, self.bias, int8.outliers)
+                return w8a8_linear(x, int8.qweight_t, int8.scales, self.bias, int8.outliers, int8.keep)
             int8.observe(x)  # not calibrated yet: the float32 product, and the input's channels are measured
         if keep_bf16 and self.bias is None and bf16_io(self):
             out = bf16_linear(x, self.weight, keep_bf16=True)

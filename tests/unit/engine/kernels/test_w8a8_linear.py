@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -89,3 +90,21 @@ def test_only_float32_weights_get_an_int8_copy() -> None:
     model[1].weight = nn.Parameter(model[1].weight.bfloat16(), requires_grad=False)
     assert install_w8a8(model) == 1
     assert model[0].int8 is not None and model[1].int8 is None
+
+
+def test_the_fused_rounding_and_scaling_give_the_torch_path_bit_for_bit() -> None:
+    """elementwise.c's two passes (round each row, scale the int32 sums back) against the same steps in torch ops,
+    which run where the C kernels are not built."""
+    from app.engine.kernels import library
+
+    if not library.available():
+        pytest.skip("no C kernels here: the torch ops alone run, and the tests above check them")
+    layer = _calibrated(_linear(200, 96, bias=True), torch.randn(16, 96) * torch.linspace(0.1, 30, 96))
+    int8 = layer.int8
+    assert int8 is not None and int8.outliers is not None and int8.keep is not None
+    assert int8.keep.sum() == 96 - W8A8_OUTLIERS and torch.equal(int8.keep[int8.outliers[0]], torch.zeros(8))
+    for rows in (1, 7, 64):
+        x = torch.randn(rows, 96) * torch.linspace(0.1, 30, 96)
+        fused = w8a8_linear(x, int8.qweight_t, int8.scales, layer.bias, int8.outliers, int8.keep)
+        plain = w8a8_linear(x, int8.qweight_t, int8.scales, layer.bias, int8.outliers)
+        assert torch.equal(fused, plain)
