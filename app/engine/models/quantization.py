@@ -80,7 +80,9 @@ def auto_int8_products(isa: str | None) -> bool:
     """Quantization "auto" beside float32 weights: whether the steps of more rows than the blocks serve run on
     int8 products (:func:`install_w8a8`) instead of float32 ones, on a CPU whose qblock kernel is ``isa``. Yes
     with VNNI's int8 dot products: measured by scripts/bench_int8_matmul.py on SmolLM2's shapes (AMD EPYC,
-    AVX-512 VNNI, 2 threads), 1.4-2.5x float32's speed at 32 to 256 rows."""
+    AVX-512 VNNI, 2 threads), 1.5-2.4x float32's speed at 64 rows. Not on AVX2: there oneDNN's int8 product is
+    slower than float32 (0.3-1.3x at 16 to 128 rows, its AVX2 kernel forced with ONEDNN_MAX_CPU_ISA=AVX2) and
+    inexact (it saturates 16-bit pair sums: about 10% error)."""
     return isa == "vnni"
 
 
