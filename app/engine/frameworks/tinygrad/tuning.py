@@ -30,8 +30,12 @@ used in place) must share one device.
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 from typing import Any
+
+from app.engine.kernels.cpu_features import avx512_enabled
 
 #: output columns per weight panel: one 16-float row of a panel is two 256-bit registers
 PANEL = 16
@@ -43,10 +47,16 @@ TILE_MIN_WEIGHT_BYTES = 1 << 20
 #: larger weights (the LM head) are cut into panel groups of at most GROUP_BYTES (see product_opts)
 GROUP_MAX_BYTES = 16 << 20
 GROUP_BYTES = 4 << 20
-_ROW_TILES = (4, 2)
-_PANEL_TILES = (4, 2)
+#: the register tiles tried, largest first (rows of a tile; panels of a tile for one or two rows)
+_ROW_TILES = (8, 4, 2)
+_PANEL_TILES = (8, 4, 2)
+#: a tile's sums fill at most this many vector registers: enough independent sums to keep both FMA units busy, few
+#: enough that clang keeps them all in registers (16 ymm without AVX-512; 32 zmm with it)
+_SUM_REGISTERS = 8
 
 _configured = False
+#: a product kernel's name in its C source, with its row count (see :func:`.kernels.product_kernel`)
+_PRODUCT_ROWS = re.compile(rf"\b{PRODUCT_PREFIX}(\d+)_\d+_\d+\b")
 
 
 def configure() -> None:
@@ -68,7 +78,49 @@ def configure() -> None:
 
         codegen.memory_coalescing = memory_coalescing  # type: ignore[assignment]
     _per_thread_disk_cache()
+    if vector_bits() == 512:
+        _prefer_512_bit_vectors()
     _configured = True
+
+
+@functools.cache
+def vector_bits() -> int:
+    """The vector width the product tiles are sized for: 512 where our kernels may use AVX-512 (see
+    :func:`app.engine.kernels.cpu_features.avx512_enabled`), else 256."""
+    return 512 if avx512_enabled() else 256
+
+
+def _prefer_512_bit_vectors() -> None:
+    """Have clang vectorise the products of several rows with 512-bit registers. With ``-march=native`` alone it
+    keeps to 256-bit ones on AVX-512 CPUs (a tuning default for their clock), and a tile of 8 rows x one 16-float
+    panel then needs 16 ymm sums: in 512-bit registers it is 8 zmm, and those products ran 1.6x faster in a decode
+    step of SmolLM2 (a Xeon with AVX-512, 2 threads of 32 rows). Products of one or two rows stream their weight
+    and were slower with 512-bit vectors (13.5 -> 11.4 tok/s single stream), so they and every other kernel keep
+    the default. The compile cache key names the change, so no object compiled otherwise is reused."""
+    from tinygrad.runtime.support import compiler_cpu
+
+    clang = compiler_cpu.ClangCompiler
+    if getattr(clang, "_prefers_512", False):
+        return
+    plain_init, plain_compile = clang.__init__, clang.compile
+
+    def init(self: Any, arch: list[str], cachekey: str = "compile_clang_obj") -> None:
+        plain_init(self, arch, f"{cachekey}_v512")
+        self.wide_args = [*self.args, "-mprefer-vector-width=512"]
+
+    def compile(self: Any, src: str) -> bytes:
+        found = _PRODUCT_ROWS.search(src)
+        if found is None or int(found.group(1)) <= 2:
+            return plain_compile(self, src)
+        narrow, self.args = self.args, self.wide_args
+        try:
+            return plain_compile(self, src)
+        finally:
+            self.args = narrow
+
+    clang.__init__ = init  # type: ignore[method-assign]
+    clang.compile = compile  # type: ignore[method-assign]
+    clang._prefers_512 = True  # type: ignore[attr-defined]
 
 
 def _per_thread_disk_cache() -> None:
@@ -98,7 +150,7 @@ def product_opts(rows: int, n_panels: int, in_features: int, sums: int = 1) -> t
     """``(group, row_tile, panel_tile)`` of a ``[rows, in] x [n_panels, in, PANEL]`` product of ``sums`` sums per
     output (:func:`.kernels.product_kernel`).
 
-    A weight of at least :data:`TILE_MIN_WEIGHT_BYTES` gets a register tile of up to 4 rows x one panel (row tile
+    A weight of at least :data:`TILE_MIN_WEIGHT_BYTES` gets a register tile of up to 8 rows (4 without AVX-512) x one panel (row tile
     0: no tile); one larger than :data:`GROUP_MAX_BYTES` (the LM head) is cut into groups of panels that stay in
     cache while every row passes: with rows outermost, the 113 MB head of SmolLM2 was read once per row tile (13
     GFLOPS, 27 in groups), and groups (or panels outermost) made the products of the layers slower (38 -> 27)."""
@@ -110,13 +162,14 @@ def product_opts(rows: int, n_panels: int, in_features: int, sums: int = 1) -> t
     if rows > 1 and n_panels * panel_bytes > GROUP_MAX_BYTES:
         fits = max(1, GROUP_BYTES // panel_bytes)
         group = max(g for g in range(1, fits + 1) if n_panels % g == 0)
-    # at most 64 float sums (8 of the 16 256-bit registers; beyond, clang spills them): a SwiGLU product keeps two
-    # sums per output (4 rows of it ran at 9 GFLOPS, 2 rows at 31)
-    row_tile = next((t for t in _ROW_TILES if rows % t == 0 and t * PANEL * sums <= 64), 1)
+    # at most _SUM_REGISTERS vectors of sums (64 floats in 256-bit registers; beyond, clang spills them): a SwiGLU
+    # product keeps two sums per output (4 rows of it ran at 9 GFLOPS, 2 rows at 31, on 256-bit registers)
+    budget = _SUM_REGISTERS * (vector_bits() if rows > 2 else 256) // 32  # (see _prefer_512_bit_vectors)
+    row_tile = next((t for t in _ROW_TILES if rows % t == 0 and t * PANEL * sums <= budget), 1)
     # a row or two streams the weight: several panels per step keep independent sums in flight (one panel's sums
     # wait on the previous step's: the weight streamed at 3-7 GB/s, 7-9 with four panels)
     panel_tile = next(
-        (t for t in _PANEL_TILES if rows <= 2 and group % t == 0 and t * row_tile * PANEL * sums <= 64), 1
+        (t for t in _PANEL_TILES if rows <= 2 and group % t == 0 and t * row_tile * PANEL * sums <= budget), 1
     )
     return group, row_tile, panel_tile
 
