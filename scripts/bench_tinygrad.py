@@ -4,6 +4,7 @@ command::
 
     .venv/bin/python scripts/bench_tinygrad.py a --engine tinygrad       # workload A: 64 prompts x 128 new tokens
     .venv/bin/python scripts/bench_tinygrad.py a --engine torch          # (dtype float32, no quantization)
+    .venv/bin/python scripts/bench_tinygrad.py a --engine jax            # the JAX runner, the same engine core
     .venv/bin/python scripts/bench_tinygrad.py a --engine transformers   # generate, batch 64, left padding
     .venv/bin/python scripts/bench_tinygrad.py single --engine tinygrad  # one stream: decode tok/s
     .venv/bin/python scripts/bench_tinygrad.py single --engine tinygrad.llm
@@ -129,7 +130,7 @@ def single_stream(engine: str, new_tokens: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("a", "single"))
-    parser.add_argument("--engine", default="tinygrad", choices=("tinygrad", "torch", "transformers", "tinygrad.llm"))
+    parser.add_argument("--engine", default="tinygrad", choices=("tinygrad", "jax", "torch", "transformers", "tinygrad.llm"))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128, help="single: tokens to decode")
     args = parser.parse_args()
