@@ -18,7 +18,8 @@ fast the matrix products run:
   without ``float4`` loads clang loads them one float at a time (6x slower). tinygrad's process-wide ``DMC=1`` would
   do the first and not the second. The wrapper exists in this process only, so the runner compiles its captures
   here (``Context(PARALLEL=0)``) rather than in tinygrad's worker processes (fresh interpreters): those would
-  compile the products with ``float4`` loads, with the same results, more slowly.
+  compile the products with ``float4`` loads, with the same results, more slowly. On AVX-512 CPUs the products of
+  more than two rows get 512-bit registers and 8-row tiles (:func:`_prefer_512_bit_vectors`): 1.6x on a Xeon.
 
 Left out: ``HCQ2=1`` (a TinyJit replay as one command buffer) removes the per-kernel Python dispatch (~50 us a
 kernel), but its host waits spin, which on a busy 2-core machine takes the core the kernels need, and it is read once,
