@@ -241,7 +241,8 @@ class EngineArgs(BaseModel):
     framework: Literal["torch", "jax", "tinygrad"] = Field(
         default="torch",
         description="Native engine: the model runner's framework on the shared engine core: torch (the engine's "
-        "own), jax or tinygrad (float32 on CPU; pip install 'inf-engine[jax]' or 'inf-engine[tinygrad]')",
+        "own), jax or tinygrad (float32 on CPU, jax also with dtype bfloat16: bfloat16 products on CPUs with "
+        "AVX512-BF16 or AMX; pip install 'inf-engine[jax]' or 'inf-engine[tinygrad]')",
     )
     enforce_eager: bool = Field(
         default=False,

@@ -5,6 +5,7 @@ command::
     .venv/bin/python scripts/bench_tinygrad.py a --engine tinygrad       # workload A: 64 prompts x 128 new tokens
     .venv/bin/python scripts/bench_tinygrad.py a --engine torch          # (dtype float32, no quantization)
     .venv/bin/python scripts/bench_tinygrad.py a --engine jax            # the JAX runner, the same engine core
+    .venv/bin/python scripts/bench_tinygrad.py a --engine jax --dtype bfloat16   # its bfloat16 products
     .venv/bin/python scripts/bench_tinygrad.py a --engine transformers   # generate, batch 64, left padding
     .venv/bin/python scripts/bench_tinygrad.py single --engine tinygrad  # one stream: decode tok/s
     .venv/bin/python scripts/bench_tinygrad.py single --engine tinygrad.llm
@@ -41,12 +42,13 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def engine_runner(framework: str) -> tuple[Runner, Callable[[], str]]:
+def engine_runner(framework: str, dtype: str) -> tuple[Runner, Callable[[], str]]:
     from app.engine import LLMEngine, SamplingParams
 
-    options: dict[str, object] = dict(framework=framework, max_model_len=1024, kv_cache_memory_bytes=1 << 30, seed=0)
+    options: dict[str, object] = dict(framework=framework, max_model_len=1024, kv_cache_memory_bytes=1 << 30, seed=0,
+                                      dtype=dtype)
     if framework == "torch":
-        options.update(dtype="float32", quantization="none", num_threads=2)
+        options.update(quantization="none", num_threads=2)
     engine = LLMEngine(**options)  # type: ignore[arg-type]
 
     def run(requests: list[BenchRequest]) -> tuple[float, int]:
@@ -62,7 +64,7 @@ def engine_runner(framework: str) -> tuple[Runner, Callable[[], str]]:
     return run, info
 
 
-def transformers_runner() -> tuple[Runner, Callable[[], str]]:
+def transformers_runner(dtype: str) -> tuple[Runner, Callable[[], str]]:
     import torch
     from hf_generate import batched_generate
     from transformers import AutoModelForCausalLM
@@ -70,12 +72,12 @@ def transformers_runner() -> tuple[Runner, Callable[[], str]]:
     from app.engine.loading import default_model_folder
 
     torch.set_num_threads(2)
-    model = AutoModelForCausalLM.from_pretrained(default_model_folder(), dtype=torch.float32).eval()
-    return batched_generate(model, 64), lambda: "threads 2, batch 64"
+    model = AutoModelForCausalLM.from_pretrained(default_model_folder(), dtype=getattr(torch, dtype)).eval()
+    return batched_generate(model, 64), lambda: f"threads 2, batch 64, {dtype}"
 
 
-def workload_a(engine: str, repeats: int) -> None:
-    run, info = transformers_runner() if engine == "transformers" else engine_runner(engine)
+def workload_a(engine: str, repeats: int, dtype: str) -> None:
+    run, info = transformers_runner(dtype) if engine == "transformers" else engine_runner(engine, dtype)
     run(warmup_requests(0))
     for repeat in range(repeats):
         load, cpu = os.getloadavg()[0], cpu_seconds()
@@ -133,9 +135,11 @@ def main() -> None:
     parser.add_argument("--engine", default="tinygrad", choices=("tinygrad", "jax", "torch", "transformers", "tinygrad.llm"))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128, help="single: tokens to decode")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="a: the engine's dtype (jax: bfloat16 products) or transformers' weights")
     args = parser.parse_args()
     if args.what == "a":
-        workload_a(args.engine, args.repeats)
+        workload_a(args.engine, args.repeats, args.dtype)
     else:
         single_stream(args.engine, args.tokens)
 

@@ -173,8 +173,11 @@ class EngineConfig:
     def _check_framework_options(self) -> None:
         """The jax and tinygrad runners compute in float32 on CPU, with one sampling pass per step."""
         name = self.framework
-        if self.dtype not in ("auto", "float32", torch.float32):
-            raise ValueError(f"framework {name!r} runs in float32: give dtype 'auto' or 'float32', not {self.dtype!r}")
+        if self.bfloat16_products():
+            self._check_bfloat16_products()
+        elif self.dtype not in ("auto", "float32", torch.float32):
+            raise ValueError(f"framework {name!r} runs in float32 (jax also in bfloat16): give dtype 'auto' or "
+                             f"'float32', not {self.dtype!r}")
         if self.kv_cache_dtype not in ("auto", "float32"):
             raise ValueError(f"framework {name!r} keeps a float32 KV cache: give kv_cache_dtype 'auto' or 'float32'")
         if self.quantization not in (None, "none"):
@@ -184,6 +187,18 @@ class EngineConfig:
             raise ValueError(f"framework {name!r} runs on the CPU here: give device 'auto' or 'cpu'")
         if self.speculative_config is not None:
             raise ValueError(f"speculative decoding runs on the torch framework only, not {name!r}")
+
+    def bfloat16_products(self) -> bool:
+        """The jax runner's opt-in: ``dtype`` bfloat16 makes its matrix products bfloat16 x bfloat16 with float32
+        sums (weights stored in bfloat16); everything else stays float32."""
+        return self.framework == "jax" and self.dtype in ("bfloat16", torch.bfloat16)
+
+    def _check_bfloat16_products(self) -> None:
+        from app.engine.kernels.cpu_features import bf16_products_supported
+
+        if not bf16_products_supported():
+            raise ValueError("framework 'jax' runs bfloat16 products only on a CPU with AVX512-BF16 or AMX (elsewhere "
+                             "they are slower than float32): give dtype 'float32'")
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -203,10 +218,10 @@ class EngineConfig:
 
     def resolve_dtype(self, device: torch.device, checkpoint: torch.dtype | None = None) -> torch.dtype:
         """The weights' dtype; ``checkpoint`` is the precision the checkpoint was saved in (None: unknown)."""
+        if self.framework != "torch":  # the framework runners copy float32 weights (jax may round products')
+            return torch.float32
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
-        if self.framework != "torch":
-            return torch.float32
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         if device.type == "cuda":
@@ -299,7 +314,8 @@ def _make_runner(config: EngineConfig, model: PagedCausalLM, model_config: Model
         return build_runner(config.framework, model, model_config, num_blocks=num_blocks,
                             block_size=config.block_size, max_model_len=scheduler.max_model_len,
                             max_num_seqs=config.max_num_seqs,
-                            max_num_batched_tokens=scheduler.config.max_num_batched_tokens)
+                            max_num_batched_tokens=scheduler.config.max_num_batched_tokens,
+                            bfloat16_products=config.bfloat16_products())
     return ModelRunner(model, num_blocks=num_blocks, block_size=config.block_size, dtype=kv_cache_dtype,
                        device=device, cuda_graphs=not config.enforce_eager, max_graph_batch=config.max_num_seqs,
                        max_model_len=scheduler.max_model_len)

@@ -82,9 +82,11 @@ def build_runner(
     max_model_len: int,
     max_num_seqs: int,
     max_num_batched_tokens: int,
+    bfloat16_products: bool = False,
 ) -> FrameworkRunner:
     """The ``jax`` or ``tinygrad`` runner for a loaded float32 PyTorch model (its weights are copied into the
-    framework's arrays); raises :class:`FrameworkUnavailableError` when the package is missing."""
+    framework's arrays); raises :class:`FrameworkUnavailableError` when the package is missing.
+    ``bfloat16_products``: the jax runner's bfloat16 products (see ``EngineConfig.bfloat16_products``)."""
     check_framework(framework)
     if framework == "torch":
         raise ValueError("the torch framework uses app.engine.model_runner.ModelRunner")
@@ -104,5 +106,6 @@ def build_runner(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
+        **({"bfloat16_products": True} if bfloat16_products else {}),
     )
     return runner

@@ -20,7 +20,7 @@ def test_the_names_and_a_bad_one() -> None:
 
 
 @pytest.mark.parametrize(("option", "message"), [
-    ({"dtype": "bfloat16"}, "runs in float32"),
+    ({"dtype": "float16"}, "runs in float32"),
     ({"kv_cache_dtype": "bfloat16"}, "float32 KV cache"),
     ({"quantization": "int8"}, "for the torch framework"),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "torch framework only"),
@@ -28,6 +28,23 @@ def test_the_names_and_a_bad_one() -> None:
 def test_what_the_other_frameworks_refuse(option: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineConfig(framework="jax", **option)
+
+
+def test_bfloat16_products_are_jax_only_and_need_the_cpu_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jax's bfloat16 products are accepted where the CPU multiplies bfloat16 natively, refused in one line where
+    it does not; tinygrad refuses them everywhere."""
+    from app.engine.kernels import cpu_features
+
+    monkeypatch.setattr(cpu_features, "bf16_products_supported", lambda: True)
+    config = EngineConfig(framework="jax", dtype="bfloat16")
+    assert config.bfloat16_products()
+    assert str(config.resolve_dtype(config.resolve_device())) == "torch.float32"  # the weights it copies from
+    assert not EngineConfig(framework="jax").bfloat16_products()
+    with pytest.raises(ValueError, match="framework 'tinygrad' runs in float32"):
+        EngineConfig(framework="tinygrad", dtype="bfloat16")
+    monkeypatch.setattr(cpu_features, "bf16_products_supported", lambda: False)
+    with pytest.raises(ValueError, match=r"only on a CPU with AVX512-BF16 or AMX.*give dtype 'float32'"):
+        EngineConfig(framework="jax", dtype="bfloat16")
 
 
 def test_float32_on_cpu_is_what_they_run() -> None:

@@ -50,8 +50,12 @@ def layer_norm(x: Array, weight: Array, bias: Array, eps: float) -> Array:
 
 
 def linear(x: Array, weight_t: Array, bias: Array | None = None) -> Array:
-    """``x @ W.T + b`` with the weight stored transposed (``[in, out]``), as the products read it."""
-    out = x @ weight_t
+    """``x @ W.T + b`` with the weight stored transposed (``[in, out]``), as the products read it. A bfloat16
+    weight takes ``x`` rounded to bfloat16 and sums in float32 (the output is float32 either way)."""
+    if weight_t.dtype == jnp.bfloat16:
+        out = jnp.dot(x.astype(jnp.bfloat16), weight_t, preferred_element_type=jnp.float32)
+    else:
+        out = x @ weight_t
     return out if bias is None else out + bias
 
 

@@ -88,13 +88,32 @@ def _weight_t(lin: Linear) -> Array | None:
     return _array(lin.weight.t())
 
 
-def params_from_torch(model: PagedCausalLM, config: ModelConfig) -> Params:
-    """The params pytree of a loaded float32 (or bfloat16, widened) engine model."""
+#: the params that are matrix-product weights (rounded to bfloat16 for bfloat16 products)
+PRODUCT_WEIGHTS = frozenset({"qkv", "o", "gate_up", "down", "fc", "proj", "head"})
+
+
+def params_from_torch(model: PagedCausalLM, config: ModelConfig, bfloat16_products: bool = False) -> Params:
+    """The params pytree of a loaded float32 (or bfloat16, widened) engine model; ``bfloat16_products``: the
+    product weights (:data:`PRODUCT_WEIGHTS`, the LM head included) in bfloat16, the rest (embeddings, norms,
+    biases) in float32."""
     if config.architecture == "llama":
-        return _llama_params(model, config)
-    if config.architecture == "gpt2":
-        return _gpt2_params(model)
-    raise ValueError(f"the jax framework has no {config.architecture!r} model")
+        params = _llama_params(model, config)
+    elif config.architecture == "gpt2":
+        params = _gpt2_params(model)
+    else:
+        raise ValueError(f"the jax framework has no {config.architecture!r} model")
+    if bfloat16_products:
+        params = _round_products(params)
+    return params
+
+
+def _round_products(params: Params) -> Params:
+    def rounded(group: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.astype(jnp.bfloat16) if k in PRODUCT_WEIGHTS else v for k, v in group.items()}
+
+    out = rounded({k: v for k, v in params.items() if k != "layers"})
+    out["layers"] = [rounded(layer) for layer in params["layers"]]
+    return out
 
 
 def _llama_params(model: Any, config: ModelConfig) -> Params:
@@ -214,5 +233,5 @@ def final_norm(top: Params, spec: ModelSpec, x: Array) -> Array:
 
 
 def compute_logits(top: Params, spec: ModelSpec, x: Array) -> Array:
-    """Logits ``[rows, vocab]`` of residual-stream rows (the final norm applied here)."""
-    return final_norm(top, spec, x) @ top["head"]
+    """Logits ``[rows, vocab]`` of residual-stream rows (the final norm applied here; float32 sums)."""
+    return linear(final_norm(top, spec, x), top["head"])

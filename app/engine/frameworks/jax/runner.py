@@ -326,7 +326,7 @@ def _padded(values: np.ndarray, size: int, fill: int) -> np.ndarray:
 
 # ---- the runner ------------------------------------------------------------------------------------------
 class JaxRunner:
-    """The engine's :class:`~app.engine.frameworks.FrameworkRunner` in JAX (float32, CPU)."""
+    """The engine's :class:`~app.engine.frameworks.FrameworkRunner` in JAX (float32, or bfloat16 products; CPU)."""
 
     framework = "jax"
 
@@ -341,13 +341,17 @@ class JaxRunner:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         mirror_bytes: int | None = None,
+        bfloat16_products: bool = False,
     ) -> None:
         """``mirror_bytes``: the most the decode mirror may hold (:mod:`.mirror`); None: as much as the paged
-        cache, 0: decode through the paged cache always."""
+        cache, 0: decode through the paged cache always. ``bfloat16_products``: the product weights in bfloat16
+        (products of bfloat16 inputs with float32 sums); the residual stream, norms, attention, KV cache and logits
+        stay float32."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         spec = self.spec = ModelSpec.from_config(model_config)
-        self.params = params_from_torch(model, model_config)
+        self.params = params_from_torch(model, model_config, bfloat16_products)
+        self.bfloat16_products = bfloat16_products
         self.top = {k: v for k, v in self.params.items() if k != "layers"}  # all but the blocks' weights
         self.fast_compile = sum(x.size for x in jax.tree.leaves(self.params)) < FAST_COMPILE_PARAMS
         self.block_size = block_size
@@ -478,6 +482,7 @@ def make_runner(
     max_model_len: int,
     max_num_seqs: int,
     max_num_batched_tokens: int,
+    bfloat16_products: bool = False,
 ) -> JaxRunner:
     """The entry point :func:`app.engine.frameworks.build_runner` calls."""
     return JaxRunner(
@@ -488,6 +493,7 @@ def make_runner(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
+        bfloat16_products=bfloat16_products,
     )
 
 

@@ -16,6 +16,7 @@ pytest.importorskip("jax")
 
 from app.engine import LLMEngine, SamplingParams
 from app.engine.frameworks.jax.runner import JaxRunner, bucket, layer_outputs
+from app.engine.kernels.cpu_features import bf16_products_supported
 from tests.support.engine_models import TINY_NAMES, hf_greedy
 from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
 
@@ -155,3 +156,26 @@ def test_default_model_same_tokens_as_torch() -> None:
     outputs = jax_engine.chat(conversations, params)
     assert tokens(outputs) == expected
     assert "Paris" in outputs[0].outputs[0].text
+
+
+@pytest.mark.skipif(not bf16_products_supported(), reason="bfloat16 products need AVX512-BF16 or AMX (the refusal "
+                    "elsewhere: tests/unit/engine/test_framework_seam.py)")
+def test_bfloat16_products_keep_the_default_models_greedy_text() -> None:
+    """dtype bfloat16 rounds only the product weights (the rest stays float32), and SmolLM2's greedy chat answers
+    stay those of float32 on these prompts (measured: the same 24 tokens)."""
+    from app.engine.frameworks.jax.models import PRODUCT_WEIGHTS
+
+    questions = [[{"role": "user", "content": "What is the capital of France?"}],
+                 [{"role": "user", "content": "Write a haiku about the sea."}]]
+    answers = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = LLMEngine(framework="jax", dtype=dtype, max_model_len=512, kv_cache_memory_bytes=1 << 28)
+        assert isinstance(engine.runner, JaxRunner)
+        params = engine.runner.params
+        layer = params["layers"][0]
+        expected = "bfloat16" if dtype == "bfloat16" else "float32"
+        assert {str(layer[k].dtype) for k in layer if k in PRODUCT_WEIGHTS} == {expected}
+        assert str(params["head"].dtype) == expected
+        assert str(params["embed"].dtype) == str(layer["ln1"].dtype) == "float32"
+        answers[dtype] = tokens(engine.chat(questions, GREEDY))
+    assert answers["bfloat16"] == answers["float32"]
