@@ -149,6 +149,7 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
                    f"{settings.backend}")
     if settings.framework != "torch" and settings.backend == "native":
         require_framework(settings.framework, "serve")
+        _check_framework_options(settings)
     if settings.embedding_model is not None:
         _check_embedding_model(settings.embedding_model, settings.embedding_dtype)
     if settings.chat_template is not None and settings.backend != "vllm":
@@ -157,6 +158,18 @@ def serve_settings(overrides: dict[str, Any]) -> Any:
         except ValueError as exc:
             raise fail(f"--chat-template: {exc}") from None
     return settings
+
+
+def _check_framework_options(settings: Any) -> None:
+    """What the jax and tinygrad runners refuse (a dtype, a KV cache dtype, a quantization) stops the server before
+    it starts, in one line, rather than in the engine's start-up."""
+    from app.engine.llm_engine import EngineConfig
+
+    try:
+        EngineConfig(framework=settings.framework, dtype=settings.dtype, kv_cache_dtype=settings.kv_cache_dtype,
+                     quantization=settings.quantization)
+    except ValueError as exc:
+        raise fail(f"--framework {settings.framework}: {exc}") from None
 
 
 def _check_embedding_model(spec: str, dtype: str = "float32") -> None:

@@ -126,3 +126,26 @@ def test_bfloat16_embeddings_on_a_cpu_without_them_are_one_line_and_exit_2(tmp_p
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("error: --embedding-dtype bfloat16 needs a CPU with AVX512-BF16 or AMX"), \
         result.stderr
+
+
+@pytest.mark.parametrize(("flags", "env_extra", "line"), [
+    (["--framework", "tinygrad", "--dtype", "bfloat16"], {},
+     "--framework tinygrad: framework 'tinygrad' runs in float32 (jax also in bfloat16)"),
+    (["--framework", "tinygrad", "--quantization", "int8"], {},
+     "--framework tinygrad: framework 'tinygrad' runs float32 weights"),
+    (["--framework", "jax", "--dtype", "bfloat16"], {"INF_ENGINE_DISABLE_BF16": "1"},
+     "--framework jax: framework 'jax' runs bfloat16 products only on a CPU with AVX512-BF16 or AMX"),
+])
+def test_what_a_framework_refuses_is_one_line_and_exit_2(
+    tmp_path: Path, flags: list[str], env_extra: dict[str, str], line: str
+) -> None:
+    """Checked before the server starts (not in the engine's start-up, where it would be a logged traceback);
+    ``INF_ENGINE_DISABLE_BF16`` makes any CPU one without bfloat16 products."""
+    pytest.importorskip(flags[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INF_ENGINE_")}
+    env.update(INF_ENGINE_DATA_DIR=str(tmp_path), **env_extra)
+    result = subprocess.run([*cli(), "serve", *flags], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"error: {line}"), result.stderr
