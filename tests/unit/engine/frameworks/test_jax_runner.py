@@ -162,7 +162,8 @@ def test_default_model_same_tokens_as_torch() -> None:
                     "elsewhere: tests/unit/engine/test_framework_seam.py)")
 def test_bfloat16_products_keep_the_default_models_greedy_text() -> None:
     """dtype bfloat16 rounds only the product weights (the rest stays float32), and SmolLM2's greedy chat answers
-    stay those of float32 on these prompts (measured: the same 24 tokens)."""
+    start as float32's do (measured here: all 24 tokens the same; the bound is the first 8, as bfloat16's rounding may
+    flip a later near-tie on another CPU's summation order)."""
     from app.engine.frameworks.jax.models import PRODUCT_WEIGHTS
 
     questions = [[{"role": "user", "content": "What is the capital of France?"}],
@@ -178,4 +179,5 @@ def test_bfloat16_products_keep_the_default_models_greedy_text() -> None:
         assert str(params["head"].dtype) == expected
         assert str(params["embed"].dtype) == str(layer["ln1"].dtype) == "float32"
         answers[dtype] = tokens(engine.chat(questions, GREEDY))
-    assert answers["bfloat16"] == answers["float32"]
+    assert [a[:8] for a in answers["bfloat16"]] == [a[:8] for a in answers["float32"]]
+    assert all(len(a) == NEW_TOKENS for a in answers["bfloat16"])
