@@ -100,7 +100,7 @@ def tinygrad_llm_stream(prompt: list[int]) -> Callable[[], int]:
     return lambda: next(generator)
 
 
-def single_stream(engine: str, new_tokens: int) -> None:
+def single_stream(engine: str, new_tokens: int, dtype: str) -> None:
     [request] = build_workload("c", 0)
     prompt = list(request.prompt_token_ids)
     if engine == "tinygrad.llm":
@@ -108,9 +108,9 @@ def single_stream(engine: str, new_tokens: int) -> None:
     else:
         from app.engine import LLMEngine, SamplingParams
 
-        options: dict[str, object] = dict(framework=engine, max_model_len=1024, seed=0)
+        options: dict[str, object] = dict(framework=engine, max_model_len=1024, seed=0, dtype=dtype)
         if engine == "torch":
-            options.update(dtype="float32", quantization="none", num_threads=2)
+            options.update(quantization="none", num_threads=2)
         llm = LLMEngine(**options)  # type: ignore[arg-type]
         llm.add_request("single", prompt_token_ids=prompt,
                         sampling_params=SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True))
@@ -136,12 +136,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128, help="single: tokens to decode")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="a: the engine's dtype (jax: bfloat16 products) or transformers' weights")
+                        help="the engine's dtype (jax: bfloat16 products; tinygrad refuses bfloat16) or, in a, transformers' weights")
     args = parser.parse_args()
     if args.what == "a":
         workload_a(args.engine, args.repeats, args.dtype)
     else:
-        single_stream(args.engine, args.tokens)
+        single_stream(args.engine, args.tokens, args.dtype)
 
 
 if __name__ == "__main__":

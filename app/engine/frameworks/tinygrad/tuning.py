@@ -111,9 +111,10 @@ def _prefer_512_bit_vectors() -> None:
 
     def compile(self: Any, src: str) -> bytes:
         found = _PRODUCT_ROWS.search(src)
-        if found is None or int(found.group(1)) <= 2:
+        wide = getattr(self, "wide_args", None)  # None: a compiler made before the patch (its device opened early)
+        if found is None or int(found.group(1)) <= 2 or wide is None:
             return plain_compile(self, src)
-        narrow, self.args = self.args, self.wide_args
+        narrow, self.args = self.args, wide
         try:
             return plain_compile(self, src)
         finally:

@@ -112,3 +112,14 @@ def test_only_products_of_several_rows_compile_with_512_bit_vectors(monkeypatch:
         compiler.compile(f"void {name}(float* out) {{ out[0] = 1.0f; }}")
     wide = ["-mprefer-vector-width=512" in args for args in calls]
     assert wide == [True, False, False]
+
+
+def test_a_compiler_made_before_the_change_compiles_as_before() -> None:
+    """A ClangCompiler built before :func:`tuning._prefer_512_bit_vectors` ran (tinygrad's CPU device opened before the
+    runner's import) has no wide flags: its products compile with its own, rather than failing."""
+    from tinygrad.runtime.support import compiler_cpu
+
+    tuning._prefer_512_bit_vectors()
+    early = object.__new__(compiler_cpu.ClangCompiler)
+    early.arch, early.args = "x86_64", ["-march=native"]
+    assert early.compile(f"void {tuning.PRODUCT_PREFIX}8_576_960(float* out) {{ out[0] = 1.0f; }}")
