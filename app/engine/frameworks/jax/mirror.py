@@ -6,7 +6,12 @@ batch for many steps, so the runner keeps, beside the paged cache, one row per r
 ``K^T [kv_heads, rows, head_dim, width]`` and ``V [kv_heads, rows, width, head_dim]``: a decode step appends
 each row's new key and value (and writes the paged cache, which stays the source of truth), then attends over
 its row as is. A row is (re)filled from the paged cache, once, when its sequence joins the batch or comes back
-after a mixed step or a preemption; the arrays are reallocated when the batch outgrows their rows or width.
+after a mixed step or a preemption; the arrays are reallocated when the batch outgrows their rows.
+
+The width follows the longest context in steps of :func:`mirror_width` (1, 1.5, 2, 3, 4, 6, ... times the
+narrowest), not powers of two: a decode reads its rows' whole width, and the attention of a 64-row SmolLM2 step
+is 0.2 ms a layer at 64 tokens against 1.6 ms at 256. Widening pads the arrays and narrowing (to half the width
+or less) cuts them, both keeping every row's keys, so neither refills from the paged cache.
 
 Batch row ``i`` of a mirrored decode step IS mirror row ``i``: free rows run as padding (they write position 0
 of their own free row and a scratch slot of the paged cache), so no row is ever gathered or scattered by index.
@@ -48,6 +53,29 @@ def append_rows(k_t: Array, v: Array, positions: Array, k: Array, v_new: Array) 
     k_t = k_t.at[:, rows, :, positions].set(k, mode="promise_in_bounds")  # indexed dims lead: [R, kvh, d]
     v = v.at[:, rows, positions].set(v_new.transpose(1, 0, 2), mode="promise_in_bounds")
     return k_t, v
+
+
+def mirror_width(blocks: int, minimum: int) -> int:
+    """The mirror's width in blocks for a context of ``blocks`` blocks: the smallest ``m * 2^k`` (``m`` is 2 or 3)
+    at least ``blocks``, and at least ``minimum`` (itself a power of two): 4, 6, 8, 12, 16, 24, ... for a
+    4-block minimum. At most 1.5x the context, and few widths (each a compiled decode shape)."""
+    width = max(minimum, 1)
+    while width < blocks:
+        width = width * 3 // 2 if width >= 2 and (width & (width - 1)) == 0 else 1 << width.bit_length()
+    return width
+
+
+def _resize_layer(mirror: tuple[Array, Array], *, width: int) -> tuple[Array, Array]:
+    """One layer's mirror at ``width`` positions: padded with zeros past the old width, or cut to it."""
+    _traces[0] += 1
+    k_t, v = mirror
+    old = k_t.shape[3]
+    if width <= old:
+        return k_t[..., :width], v[:, :, :width]
+    return (
+        jnp.pad(k_t, ((0, 0), (0, 0), (0, 0), (0, width - old))),
+        jnp.pad(v, ((0, 0), (0, 0), (0, width - old), (0, 0))),
+    )
 
 
 def _refill_layer(
@@ -115,11 +143,16 @@ class DecodeMirror:
         present = {s.seq_id for s in seqs}
         for sid in [sid for sid in self.row_of if sid not in present]:  # finished or no longer scheduled
             self.forget(sid)
-        if self.arrays is None or width > self.width or rows > self.num_rows or 4 * rows <= self.num_rows:
+        if self.arrays is None or rows > self.num_rows or 4 * rows <= self.num_rows:
             if self.nbytes(rows, width) > self.max_bytes:
                 self.release()
                 return None
             self.allocate(rows, width)
+        elif width > self.width or 2 * width <= self.width:
+            if self.nbytes(self.num_rows, width) > self.max_bytes:
+                self.release()
+                return None
+            self.resize(width)
         free = iter(sorted(set(range(self.num_rows)) - set(self.row_of.values())))
         assigned = np.empty(n, dtype=np.int64)
         for i, seq in enumerate(seqs):
@@ -149,6 +182,17 @@ class DecodeMirror:
         ]
         self.num_rows, self.width = rows, width
         self.valid = np.zeros(rows, dtype=np.int64)
+
+    def resize(self, width: int) -> None:
+        """Every layer's arrays at ``width`` blocks, the rows' keys and values kept (``width`` covers them)."""
+        assert self.arrays is not None
+        before = _traces[0]
+        resize = jitted(_resize_layer, self.fast_compile, ("width",), ())  # sizes differ: nothing to donate
+        tokens = width * self.block_size
+        for i, layer in enumerate(self.arrays):  # layer by layer: the old arrays go as the new ones come
+            self.arrays[i] = resize(layer, width=tokens)
+        self.width = width
+        self.num_traces += _traces[0] - before
 
     def _refill(self, seqs: list[Sequence], rows: np.ndarray, caches: Any) -> None:
         count = _pow2(len(seqs), 8)

@@ -47,6 +47,7 @@ from app.engine.frameworks.jax.mirror import (
     MirrorPlan,
     append_rows,
     dense_decode_attention,
+    mirror_width,
 )
 from app.engine.frameworks.jax.models import (
     ModelSpec,
@@ -394,8 +395,10 @@ class JaxRunner:
         if dec:
             starts = np.fromiter((s.num_computed_tokens for s in dec), dtype=np.int64, count=len(dec))
             traces = self.mirror.num_traces
-            rows, width = decode_rows(len(dec)), self.builder.width(int(starts.max()) + 1)
-            plan = self.mirror.plan(dec, starts, rows, width, self.caches)
+            longest = int(starts.max()) + 1
+            self.builder.width(longest)  # the position check
+            width = mirror_width(-(-longest // self.block_size), self.builder.min_width)
+            plan = self.mirror.plan(dec, starts, decode_rows(len(dec)), width, self.caches)
             self.num_compilations += self.mirror.num_traces - traces
         if len(dec) < len(seqs):
             return self.builder.mixed(seqs, num_sched, plan)

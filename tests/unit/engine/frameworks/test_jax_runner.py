@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("jax")
 
 from app.engine import LLMEngine, SamplingParams
+from app.engine.frameworks.jax.mirror import mirror_width
 from app.engine.frameworks.jax.runner import JaxRunner, bucket, layer_outputs
 from app.engine.kernels.cpu_features import bf16_products_supported
 from tests.support.engine_models import TINY_NAMES, hf_greedy
@@ -109,6 +110,49 @@ def test_paged_decode_path_same_tokens(make_engine: Callable[..., LLMEngine]) ->
     runner.mirror.release()
     assert tokens(engine.generate(prompts, GREEDY)) == reference
     assert runner.mirror.arrays is None and any(key[0] == "decode" for key in runner.step_shapes)
+
+
+def test_mirror_width_follows_the_context_without_refilling(make_engine: Callable[..., LLMEngine]) -> None:
+    """The mirror widens in 1.5x/2x steps as contexts grow and narrows when a shorter batch follows, keeping every
+    row's keys (no refill from the paged cache after a row's first fill): the same tokens as the paged path."""
+    prompts = random_prompts(4, 3, 6, seed=12)
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    reference = make_engine(block_size=4)
+    reference.runner.mirror.max_bytes = 0  # type: ignore[attr-defined]
+    expected = tokens(reference.generate(prompts, params))
+    engine = make_engine(block_size=4)
+    runner = engine.runner
+    assert isinstance(runner, JaxRunner)
+    widths: list[int] = []
+    refills: list[int] = []
+    plan, refill = runner.mirror.plan, runner.mirror._refill
+
+    def watched_plan(*args: Any) -> Any:
+        result = plan(*args)
+        if not widths or widths[-1] != runner.mirror.width:
+            widths.append(runner.mirror.width)
+        return result
+
+    def counted_refill(seqs: list[Any], *args: Any) -> None:
+        refills.append(len(seqs))
+        refill(seqs, *args)
+
+    runner.mirror.plan, runner.mirror._refill = watched_plan, counted_refill  # type: ignore[method-assign]
+    assert tokens(engine.generate(prompts, params)) == expected
+    assert widths == [16, 24, 32]  # blocks of 4 tokens: contexts up to 64, 96 and 128 tokens (106 here)
+    assert sum(refills) == len(prompts)  # each row filled once, when its sequence joined
+    short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    assert tokens(engine.generate(prompts, short)) == [t[:4] for t in expected]
+    assert widths[-1] == 16  # narrowed back for the short batch
+
+
+def test_mirror_width_buckets() -> None:
+    assert [mirror_width(b, 4) for b in (1, 4, 5, 6, 7, 9, 13, 17, 25, 33, 49)] == [
+        4, 4, 6, 6, 8, 12, 16, 24, 32, 48, 64
+    ]
+    assert [mirror_width(b, 1) for b in (1, 2, 3, 4, 5)] == [1, 2, 3, 4, 6]
+    for blocks in range(1, 300):  # at least the context, at most 1.5x it (past the minimum)
+        assert blocks <= mirror_width(blocks, 4) <= max(4, -(-3 * blocks // 2))
 
 
 def test_compilations_stay_bounded(make_engine: Callable[..., LLMEngine]) -> None:
