@@ -82,11 +82,13 @@ def bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def decode_rows(n: int) -> int:
-    """The padded batch of a decode step: one sequence alone runs one row (a matrix-vector product reads the
-    weights ~4x faster than the 8-row product), more are padded to a power of two, at least ``MIN_SEQS`` (2 to
-    8 rows cost about the same)."""
-    return 1 if n == 1 else bucket(n, MIN_SEQS)
+def decode_rows(n: int, single_row: bool = True) -> int:
+    """The padded batch of a decode step: one sequence alone runs one row when ``single_row`` (a float32
+    matrix-vector product reads the weights faster than the 8-row product), more are padded to a power of two, at
+    least ``MIN_SEQS`` (2 to 8 rows cost about the same). bfloat16 products pass False: YNNPACK's one-row bfloat16
+    product is the slow one (a SmolLM2 layer 1.31 ms at 1 row against 0.53 ms at 8, on an AMD EPYC with
+    AVX512-BF16; float32 0.61 and 0.71)."""
+    return 1 if n == 1 and single_row else bucket(n, MIN_SEQS)
 
 
 # ---- the traced step functions ---------------------------------------------------------------------------
@@ -173,8 +175,11 @@ class StepInputs:
 class StepBuilder:
     """Builds :class:`StepInputs` from a scheduler step (numpy, vectorised over tokens)."""
 
-    def __init__(self, block_size: int, scratch_block: int, max_positions: int | None) -> None:
+    def __init__(
+        self, block_size: int, scratch_block: int, max_positions: int | None, single_row: bool = True
+    ) -> None:
         self.block_size = block_size
+        self.single_row = single_row  # a lone decode runs one row (see decode_rows)
         self.scratch_block = scratch_block
         self.scratch_slot = scratch_block * block_size
         self.max_positions = max_positions  # learned position embeddings (GPT-2): the longest context
@@ -199,7 +204,7 @@ class StepBuilder:
     def decode(self, seqs: list[Sequence], starts: np.ndarray) -> StepInputs:
         """Every sequence one token at ``starts`` (its ``num_computed_tokens``), through the paged cache."""
         n, bs = len(seqs), self.block_size
-        rows = decode_rows(n)
+        rows = decode_rows(n, self.single_row)
         tables = self.tables(seqs, rows, self.width(int(starts.max()) + 1))
         positions = _padded(starts, rows, 0)
         ids = _padded(np.fromiter((s.token_ids[s.num_computed_tokens] for s in seqs), np.int64, n), rows, 0)
@@ -367,7 +372,7 @@ class JaxRunner:
             (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(spec.num_layers)
         ]
         learned = spec.max_positions if spec.architecture == "gpt2" else None
-        self.builder = StepBuilder(block_size, num_blocks, learned)
+        self.builder = StepBuilder(block_size, num_blocks, learned, single_row=not bfloat16_products)
         paged_bytes = 2 * spec.num_layers * num_slots * spec.num_kv_heads * spec.head_dim * 4
         self.mirror = DecodeMirror(
             spec.num_layers,
@@ -398,7 +403,8 @@ class JaxRunner:
             longest = int(starts.max()) + 1
             self.builder.width(longest)  # the position check
             width = mirror_width(-(-longest // self.block_size), self.builder.min_width)
-            plan = self.mirror.plan(dec, starts, decode_rows(len(dec)), width, self.caches)
+            rows = decode_rows(len(dec), self.builder.single_row)
+            plan = self.mirror.plan(dec, starts, rows, width, self.caches)
             self.num_compilations += self.mirror.num_traces - traces
         if len(dec) < len(seqs):
             return self.builder.mixed(seqs, num_sched, plan)
@@ -447,11 +453,8 @@ class JaxRunner:
     def warmup(self) -> None:
         """Compile a one-sequence decode and the smallest prefill (every row padding: they write only the
         scratch block and a free mirror row), so a first short request does not wait for them."""
-        rows, width, scratch = (
-            1,
-            self.builder.min_width,
-            self.num_blocks,
-        )  # one sequence: a chat's first request
+        # one sequence: a chat's first request
+        rows, width, scratch = decode_rows(1, self.builder.single_row), self.builder.min_width, self.num_blocks
         if self.mirror.nbytes(rows, width) <= self.mirror.max_bytes:
             self.mirror.allocate(rows, width)
             zeros = np.zeros(rows, dtype=np.int32)

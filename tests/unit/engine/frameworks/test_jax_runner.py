@@ -16,7 +16,7 @@ pytest.importorskip("jax")
 
 from app.engine import LLMEngine, SamplingParams
 from app.engine.frameworks.jax.mirror import mirror_width
-from app.engine.frameworks.jax.runner import JaxRunner, bucket, layer_outputs
+from app.engine.frameworks.jax.runner import JaxRunner, bucket, decode_rows, layer_outputs
 from app.engine.kernels.cpu_features import bf16_products_supported
 from tests.support.engine_models import TINY_NAMES, hf_greedy
 from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
@@ -177,6 +177,9 @@ def test_compilations_stay_bounded(make_engine: Callable[..., LLMEngine]) -> Non
 def test_bucket() -> None:
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
     assert bucket(3, 8) == 8 and bucket(0, 1) == 1
+    # a lone float32 decode runs one row; bfloat16 products pad it to 8 (their one-row product is the slow one)
+    assert [decode_rows(n) for n in (1, 2, 9, 64)] == [1, 8, 16, 64]
+    assert [decode_rows(n, single_row=False) for n in (1, 2, 9)] == [8, 8, 16]
 
 
 @pytest.mark.slow
@@ -216,6 +219,7 @@ def test_bfloat16_products_keep_the_default_models_greedy_text() -> None:
     for dtype in ("float32", "bfloat16"):
         engine = LLMEngine(framework="jax", dtype=dtype, max_model_len=512, kv_cache_memory_bytes=1 << 28)
         assert isinstance(engine.runner, JaxRunner)
+        assert engine.runner.builder.single_row is (dtype == "float32")
         params = engine.runner.params
         layer = params["layers"][0]
         expected = "bfloat16" if dtype == "bfloat16" else "float32"
