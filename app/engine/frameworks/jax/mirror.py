@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from app.engine.core.sequence import Sequence
+from app.engine.frameworks.buckets import context_bucket, pow2_bucket
 from app.engine.frameworks.jax.layers import MASKED, Array, gather_blocks, jitted
 
 Mirror = list[tuple[Array, Array]]  # per layer: K^T [kvh, rows, d, width], V [kvh, rows, width, d]
@@ -56,13 +57,9 @@ def append_rows(k_t: Array, v: Array, positions: Array, k: Array, v_new: Array) 
 
 
 def mirror_width(blocks: int, minimum: int) -> int:
-    """The mirror's width in blocks for a context of ``blocks`` blocks: the smallest ``m * 2^k`` (``m`` is 2 or 3)
-    at least ``blocks``, and at least ``minimum`` (itself a power of two): 4, 6, 8, 12, 16, 24, ... for a
-    4-block minimum. At most 1.5x the context, and few widths (each a compiled decode shape)."""
-    width = max(minimum, 1)
-    while width < blocks:
-        width = width * 3 // 2 if width >= 2 and (width & (width - 1)) == 0 else 1 << width.bit_length()
-    return width
+    """The mirror's width in blocks for a context of ``blocks`` blocks (:func:`context_bucket`): at most 1.5x
+    the context, and few widths (each a compiled decode shape)."""
+    return context_bucket(blocks, minimum)
 
 
 def _resize_layer(mirror: tuple[Array, Array], *, width: int) -> tuple[Array, Array]:
@@ -195,7 +192,7 @@ class DecodeMirror:
         self.num_traces += _traces[0] - before
 
     def _refill(self, seqs: list[Sequence], rows: np.ndarray, caches: Any) -> None:
-        count = _pow2(len(seqs), 8)
+        count = pow2_bucket(len(seqs), 8)
         scratch_block = int(caches[0][0].shape[1]) // self.block_size - 1
         tables = np.full((count, self.width), scratch_block, dtype=np.int32)
         for i, seq in enumerate(seqs):
@@ -210,8 +207,3 @@ class DecodeMirror:
         for i, cache in enumerate(caches):
             self.arrays[i] = refill(self.arrays[i], cache, rows_d, tables_d, block_size=self.block_size)
         self.num_traces += _traces[0] - before
-
-
-def _pow2(n: int, minimum: int = 1) -> int:
-    n = max(n, minimum)
-    return 1 << (n - 1).bit_length()

@@ -33,6 +33,7 @@ import torch
 from app.engine.config import ModelConfig
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
+from app.engine.frameworks.buckets import pow2_bucket as bucket
 from app.engine.frameworks.jax.layers import (
     FAST_COMPILE_PARAMS,
     Array,
@@ -74,12 +75,6 @@ MIN_CONTEXT = 64  # tokens: the narrowest block-table width (short contexts shar
 # How many step functions were traced in this process (bumped inside the traced bodies, which run once per
 # trace); each runner adds the traces its own calls caused to its num_compilations.
 _traces = [0]
-
-
-def bucket(n: int, minimum: int = 1) -> int:
-    """The padded size for ``n``: the next power of two, at least ``minimum``."""
-    n = max(n, minimum)
-    return 1 << (n - 1).bit_length()
 
 
 def decode_rows(n: int, single_row: bool = True) -> int:

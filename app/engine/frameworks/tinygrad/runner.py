@@ -4,7 +4,8 @@ functions per bucket.
 One engine step (a :class:`~app.engine.core.scheduler.SchedulerOutput`: prefill chunks and decodes of several
 sequences) becomes flat int32 inputs, exactly as :meth:`app.engine.model_runner.ModelRunner.prepare` lays them out:
 token ids, positions, the cache slot of each new token, each row's block table, and the rows that sample. Their
-shapes are padded to buckets (powers of two: ``T`` token rows, ``W`` blocks per table, ``S`` sampling rows), so a
+shapes are padded to buckets (:mod:`app.engine.frameworks.buckets`: powers of two for ``T`` token rows and ``S``
+sampling rows, 1.5x and 2x steps for ``W`` blocks per table, which the attention reads whole), so a
 step replays the TinyJit captures of its bucket and a new batch size compiles nothing while its bucket is known.
 Padding rows write their keys and values into a scratch block past the block manager's range and see only that
 block; padded table entries point at it too and are masked; padded sampling rows repeat row 0 and are dropped.
@@ -38,6 +39,8 @@ from tinygrad.helpers import Context
 from app.engine.config import ModelConfig
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
+from app.engine.frameworks.buckets import context_bucket
+from app.engine.frameworks.buckets import pow2_bucket as bucket
 from app.engine.frameworks.tinygrad import tuning
 from app.engine.frameworks.tinygrad.layers import dims
 from app.engine.frameworks.tinygrad.models import StepTensors, TinyCausalLM, build_model
@@ -63,11 +66,6 @@ def in_process() -> Context:
     """Compile in this process: tinygrad's worker processes would compile the product kernels without the load
     handling :func:`.tuning.configure` installs here (correct, but slower kernels)."""
     return Context(PARALLEL=0)
-
-
-def bucket(n: int) -> int:
-    """The padded size of ``n`` (>= 1): the next power of two."""
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _int32(array: np.ndarray) -> Tensor:
@@ -218,7 +216,7 @@ class _Shard:
         ends = starts + counts
         total = int(counts.sum())
         rows = bucket(total)
-        width = max(self.runner.min_width, bucket(max(len(s.block_table) for s in seqs)))
+        width = context_bucket(max(len(s.block_table) for s in seqs), self.runner.min_width)
         sample_rows = (counts.cumsum() - 1)[ends == np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))]
         num_sample = rows if rows <= SAMPLE_ALL_ROWS else bucket(len(sample_rows))
         r, tb, hd = self._rows_bucket(rows), self._table_bucket(rows, width), self._head_bucket(rows, num_sample)

@@ -15,7 +15,6 @@ import torch
 pytest.importorskip("jax")
 
 from app.engine import LLMEngine, SamplingParams
-from app.engine.frameworks.jax.mirror import mirror_width
 from app.engine.frameworks.jax.runner import JaxRunner, bucket, decode_rows, layer_outputs
 from app.engine.kernels.cpu_features import bf16_products_supported
 from tests.support.engine_models import TINY_NAMES, hf_greedy
@@ -144,15 +143,6 @@ def test_mirror_width_follows_the_context_without_refilling(make_engine: Callabl
     short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     assert tokens(engine.generate(prompts, short)) == [t[:4] for t in expected]
     assert widths[-1] == 16  # narrowed back for the short batch
-
-
-def test_mirror_width_buckets() -> None:
-    assert [mirror_width(b, 4) for b in (1, 4, 5, 6, 7, 9, 13, 17, 25, 33, 49)] == [
-        4, 4, 6, 6, 8, 12, 16, 24, 32, 48, 64
-    ]
-    assert [mirror_width(b, 1) for b in (1, 2, 3, 4, 5)] == [1, 2, 3, 4, 6]
-    for blocks in range(1, 300):  # at least the context, at most 1.5x it (past the minimum)
-        assert blocks <= mirror_width(blocks, 4) <= max(4, -(-3 * blocks // 2))
 
 
 def test_compilations_stay_bounded(make_engine: Callable[..., LLMEngine]) -> None:
