@@ -7,7 +7,7 @@ Transformers ``generate``) on the same workloads, side by side.
     .venv/bin/python scripts/bench_engine.py --ours float32,bfloat16,bfloat16+int8,q8_0 --workloads c
     .venv/bin/python scripts/bench_engine.py --workloads c --engines native,native-ngram,transformers
     .venv/bin/python scripts/bench_engine.py --workloads a,c --repeats 1      # quick look
-    .venv/bin/python scripts/bench_engine.py --workloads a,c --engines native,native-jax,native-tinygrad,transformers
+    .venv/bin/python scripts/bench_engine.py --workloads a,c --engines native,native-jax,native-tinygrad,transformers  # jax: float32 and bfloat16
 
 The peers' environments: ``bash scripts/setup_vllm.sh`` (.venv-vllm), ``bash scripts/setup_llamacpp.sh``
 (.venv-llamacpp, llama.cpp compiled here) and ``bash scripts/setup_tinygrad_llm.sh`` (.venv-tinygrad: tinygrad's own
@@ -75,6 +75,8 @@ from workloads import (  # noqa: E402
     warmup_requests,
     write_text_ids,
 )
+
+from app.engine.kernels.cpu_features import bf16_products_supported  # noqa: E402
 
 MiB = 1024 * 1024
 WORKER_ENGINES = ("native", "native-ngram", "native-jax", "native-tinygrad", "transformers")
@@ -211,9 +213,9 @@ def worker_native(args: argparse.Namespace, names: list[str]) -> None:
         label = f"{OURS}+ngram {config.name}"
         options["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram_tokens}
     framework = FRAMEWORK_WORKERS.get(args.worker or "")
-    if framework is not None:  # the same engine core on the jax or tinygrad runner (float32 only)
-        label = f"{OURS}[{framework}] float32"
-        options.update(framework=framework, dtype="float32", quantization="none", kv_cache_dtype="auto")
+    if framework is not None:  # the same engine core on the jax or tinygrad runner (float32; jax also bfloat16)
+        label = f"{OURS}[{framework}] {config.dtype}"
+        options.update(framework=framework, dtype=config.dtype, quantization="none", kv_cache_dtype="auto")
     t0 = time.perf_counter()
     try:
         engine = LLMEngine(**options)
@@ -304,10 +306,20 @@ def our_commands(args: argparse.Namespace, names: list[str]) -> list[tuple[str, 
             out.append((f"ours+ngram {name}", f"{OURS}+ngram {name}", [*me, "--config", name]))
         elif engine in FRAMEWORK_WORKERS:
             framework = FRAMEWORK_WORKERS[engine]
-            out.append((f"ours[{framework}]", f"{OURS}[{framework}] float32", [*me, "--config", "float32"]))
+            for dtype in framework_dtypes(framework, configs):
+                label = f"{OURS}[{framework}] {dtype}"
+                out.append((f"ours[{framework}] {dtype}", label, [*me, "--config", dtype]))
         else:
             out.append(("transformers", "transformers float32", me))
     return out
+
+
+def framework_dtypes(framework: str, configs: list[OursConfig]) -> list[str]:
+    """The ``--ours`` dtypes a framework column runs: float32 always; bfloat16 too on jax (its bfloat16 products, on
+    a CPU with AVX512-BF16 or AMX) when ``--ours`` names it. Quantized configurations are the torch runner's."""
+    wanted = {c.dtype for c in configs if c.quantization is None}
+    extra = ["bfloat16"] if framework == "jax" and "bfloat16" in wanted and bf16_products_supported() else []
+    return ["float32", *extra]
 
 
 def peer_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
