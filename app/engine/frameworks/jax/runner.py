@@ -48,6 +48,7 @@ from app.engine.frameworks.jax.mirror import (
     MirrorPlan,
     append_rows,
     dense_decode_attention,
+    keep_freed_buffers,
     mirror_width,
 )
 from app.engine.frameworks.jax.models import (
@@ -369,6 +370,7 @@ class JaxRunner:
         learned = spec.max_positions if spec.architecture == "gpt2" else None
         self.builder = StepBuilder(block_size, num_blocks, learned, single_row=not bfloat16_products)
         paged_bytes = 2 * spec.num_layers * num_slots * spec.num_kv_heads * spec.head_dim * 4
+        keep_freed_buffers()  # the mirror's resizes reuse freed memory instead of page-faulting fresh mappings
         self.mirror = DecodeMirror(
             spec.num_layers,
             spec.num_kv_heads,
