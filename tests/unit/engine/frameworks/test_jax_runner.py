@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("jax")
 
 from app.engine import LLMEngine, SamplingParams
-from app.engine.frameworks.jax.runner import JaxRunner, bucket, decode_rows, layer_outputs
+from app.engine.frameworks.jax.runner import JaxRunner, bucket, decode_rows, layer_group, layer_outputs
 from app.engine.kernels.cpu_features import bf16_products_supported
 from tests.support.engine_models import TINY_NAMES, hf_greedy
 from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
@@ -162,6 +162,13 @@ def test_compilations_stay_bounded(make_engine: Callable[..., LLMEngine]) -> Non
     for size in (3, 11, 17):  # shapes already seen (the prompts are shorter than a block: nothing cached)
         engine.generate(batches[size - 1], params)
     assert runner.num_compilations == before
+
+
+def test_layer_group_divides_the_layers() -> None:
+    """Layers per compiled call: the largest divisor up to 6, so every call has one shape (SmolLM2's 30 run 5 calls
+    of 6; a prime count runs one layer a call)."""
+    assert [layer_group(n) for n in (1, 2, 4, 7, 12, 24, 30, 32)] == [1, 2, 4, 1, 6, 6, 6, 4]
+    assert layer_group(30, most=1) == 1 and layer_group(30, most=10) == 10
 
 
 def test_bucket() -> None:
