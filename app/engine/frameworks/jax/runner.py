@@ -33,6 +33,7 @@ import torch
 from app.engine.config import ModelConfig
 from app.engine.core.scheduler import SchedulerOutput
 from app.engine.core.sequence import Sequence
+from app.engine.frameworks.buckets import context_bucket
 from app.engine.frameworks.buckets import pow2_bucket as bucket
 from app.engine.frameworks.jax.layers import (
     FAST_COMPILE_PARAMS,
@@ -49,7 +50,6 @@ from app.engine.frameworks.jax.mirror import (
     append_rows,
     dense_decode_attention,
     keep_freed_buffers,
-    mirror_width,
 )
 from app.engine.frameworks.jax.models import (
     ModelSpec,
@@ -217,11 +217,20 @@ class StepBuilder:
 
     def width(self, longest: int) -> int:
         """The bucketed block-table width for contexts of up to ``longest`` tokens."""
+        self._check_positions(longest)
+        return bucket(-(-longest // self.block_size), self.min_width)
+
+    def mirror_width(self, longest: int) -> int:
+        """The decode mirror's width in blocks for contexts of up to ``longest`` tokens: finer steps than the
+        tables' (:func:`~app.engine.frameworks.buckets.context_bucket`), as a decode reads its whole width."""
+        self._check_positions(longest)
+        return context_bucket(-(-longest // self.block_size), self.min_width)
+
+    def _check_positions(self, longest: int) -> None:
         if self.max_positions is not None and longest > self.max_positions:
             raise ValueError(
                 f"position {longest - 1} beyond the model's {self.max_positions} learned positions"
             )
-        return bucket(-(-longest // self.block_size), self.min_width)
 
     def tables(self, seqs: list[Sequence], rows: int, width: int) -> np.ndarray:
         """Block tables ``[rows, width]``, padded with the scratch block."""
@@ -248,8 +257,7 @@ class StepBuilder:
 
     def mirrored(self, seqs: list[Sequence], starts: np.ndarray, plan: MirrorPlan) -> StepInputs:
         """Every sequence one token, each in its mirror row (the other rows padding)."""
-        bs, rows, at = self.block_size, plan.num_rows, plan.rows
-        self.width(int(starts.max()) + 1)  # the position check
+        bs, rows, at = self.block_size, plan.num_rows, plan.rows  # positions checked by mirror_width
         blocks = np.fromiter(
             (s.block_table[p // bs] for s, p in zip(seqs, starts, strict=True)), np.int64, len(seqs)
         )
@@ -387,7 +395,6 @@ class JaxRunner:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         spec = self.spec = ModelSpec.from_config(model_config)
         self.params = params_from_torch(model, model_config, bfloat16_products)
-        self.bfloat16_products = bfloat16_products
         self.top = {k: v for k, v in self.params.items() if k != "layers"}  # all but the blocks' weights
         self.layers_per_call = layer_group(spec.num_layers)
         self.fast_compile = sum(x.size for x in jax.tree.leaves(self.params)) < FAST_COMPILE_PARAMS
@@ -432,9 +439,7 @@ class JaxRunner:
         if dec:
             starts = np.fromiter((s.num_computed_tokens for s in dec), dtype=np.int64, count=len(dec))
             traces = self.mirror.num_traces
-            longest = int(starts.max()) + 1
-            self.builder.width(longest)  # the position check
-            width = mirror_width(-(-longest // self.block_size), self.builder.min_width)
+            width = self.builder.mirror_width(int(starts.max()) + 1)
             rows = decode_rows(len(dec), self.builder.single_row)
             plan = self.mirror.plan(dec, starts, rows, width, self.caches)
             self.num_compilations += self.mirror.num_traces - traces

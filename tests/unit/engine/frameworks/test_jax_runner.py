@@ -15,7 +15,14 @@ import torch
 pytest.importorskip("jax")
 
 from app.engine import LLMEngine, SamplingParams
-from app.engine.frameworks.jax.runner import JaxRunner, bucket, decode_rows, layer_group, layer_outputs
+from app.engine.frameworks.jax.runner import (
+    JaxRunner,
+    StepBuilder,
+    bucket,
+    decode_rows,
+    layer_group,
+    layer_outputs,
+)
 from app.engine.kernels.cpu_features import bf16_products_supported
 from tests.support.engine_models import TINY_NAMES, hf_greedy
 from tests.support.engine_runtime import random_prompts, with_and_without_prefix_cache
@@ -162,6 +169,17 @@ def test_compilations_stay_bounded(make_engine: Callable[..., LLMEngine]) -> Non
     for size in (3, 11, 17):  # shapes already seen (the prompts are shorter than a block: nothing cached)
         engine.generate(batches[size - 1], params)
     assert runner.num_compilations == before
+
+
+def test_step_widths_and_the_learned_positions_limit() -> None:
+    """Tables take power-of-two widths, the decode mirror 1.5x/2x steps; both refuse a position past GPT-2's
+    learned ones (blocks of 16 tokens: a 4-block minimum)."""
+    builder = StepBuilder(block_size=16, scratch_block=99, max_positions=200)
+    assert [builder.width(n) for n in (1, 65, 100, 129, 200)] == [4, 8, 8, 16, 16]
+    assert [builder.mirror_width(n) for n in (1, 65, 100, 129, 200)] == [4, 6, 8, 12, 16]
+    for width in (builder.width, builder.mirror_width):
+        with pytest.raises(ValueError, match="position 200 beyond the model's 200 learned positions"):
+            width(201)
 
 
 def test_layer_group_divides_the_layers() -> None:
