@@ -76,8 +76,6 @@ from workloads import (  # noqa: E402
     write_text_ids,
 )
 
-from app.engine.kernels.cpu_features import bf16_products_supported  # noqa: E402
-
 MiB = 1024 * 1024
 WORKER_ENGINES = ("native", "native-ngram", "native-jax", "native-tinygrad", "transformers")
 #: our engine on another framework's model runner (app.engine.frameworks): float32, its own column
@@ -317,6 +315,9 @@ def our_commands(args: argparse.Namespace, names: list[str]) -> list[tuple[str, 
 def framework_dtypes(framework: str, configs: list[OursConfig]) -> list[str]:
     """The ``--ours`` dtypes a framework column runs: float32 always; bfloat16 too on jax (its bfloat16 products, on
     a CPU with AVX512-BF16 or AMX) when ``--ours`` names it. Quantized configurations are the torch runner's."""
+    # imported here: app.engine.kernels pulls in torch, which the Python 3.12 unit tests' venv lacks
+    from app.engine.kernels.cpu_features import bf16_products_supported
+
     wanted = {c.dtype for c in configs if c.quantization is None}
     extra = ["bfloat16"] if framework == "jax" and "bfloat16" in wanted and bf16_products_supported() else []
     return ["float32", *extra]
