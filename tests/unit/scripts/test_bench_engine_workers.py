@@ -25,3 +25,13 @@ def test_every_engine_worker_runs_the_engine_in_its_own_process(worker: str,
 
 def test_every_framework_worker_is_a_worker_engine() -> None:
     assert set(bench_engine.FRAMEWORK_WORKERS) <= set(bench_engine.WORKER_ENGINES)
+
+
+def test_the_benchmark_module_imports_without_torch() -> None:
+    """CI runs the unit tests on Python 3.12 without the engine extra: importing the driver must not need torch
+    (only its workers do)."""
+    import subprocess
+
+    check = "import sys; from scripts import bench_engine; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
