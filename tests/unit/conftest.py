@@ -10,7 +10,7 @@ NEEDS = [
     (("torch", "numpy", "jinja2"), [
         "engine/embedding", "engine/guided", "engine/kernels", "engine/models", "engine/runtime", "engine/frameworks",
         "engine/test_output_processor.py", "engine/test_sampler.py", "engine/test_spec_decode.py",
-        "engine/test_framework_seam.py",
+        "engine/test_framework_seam.py", "scripts/test_engine_roofline.py",
         "serving/test_embedded.py", "serving/test_embedded_structured.py", "serving/test_embeddings.py",
         "serving/backends/test_backends.py", "serving/test_app_tools.py", "serving/test_engine_policies.py",
         "serving/test_speculative.py", "serving/test_worker_engine_metrics.py",
