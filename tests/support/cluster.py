@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 
 from app.db import Item, create_db_engine, make_session_factory, session_scope
-from app.db.models import NodeResult, NodeTask
+from app.db.models import IN_FLIGHT_SQL, NodeResult, NodeTask
 from app.jobs.distributed import dispatch_job
 from app.jobs.distributed.transport.celery_dispatch import CeleryDispatcher
 from app.jobs.distributed.worker import dispatch_window, endpoints_of, node_policy
@@ -185,11 +185,12 @@ class Cluster:
         """Messages waiting in Redis in one of this test's queues (every priority level)."""
         return self.dispatcher.queue_depth(f"{self.prefix}.{kind}")
 
-    def unclaimed_sent_of(self, job_id: str) -> int:
-        """The job's node tasks whose message was sent and not claimed yet."""
+    def in_flight_of(self, job_id: str) -> int:
+        """The job's node tasks in flight (sent and not claimed yet, or running), counted in one statement as the
+        dispatch window counts them: two separate counts could see a node finish and its successor sent between
+        them, and count both."""
         with session_scope(make_session_factory(self.engine)) as session:
-            stmt = select(func.count()).select_from(NodeTask).where(
-                NodeTask.job_id == job_id, NodeTask.status == "queued", NodeTask.sent_at.is_not(None))
+            stmt = select(func.count()).select_from(NodeTask).where(NodeTask.job_id == job_id, text(IN_FLIGHT_SQL))
             return int(session.scalar(stmt) or 0)
 
     def unclaimed_sent(self, kind: str = "llm") -> int:

@@ -138,10 +138,8 @@ def test_a_tenants_in_flight_quota_caps_its_node_tasks_and_not_anothers(cluster:
     free = cluster.submit("sentiment", _items("b", 60), owner="beta")
     peaks = {"acme": 0, "beta": 0}
     while cluster.view(capped)["status"] != "completed" or cluster.view(free)["status"] != "completed":
-        counts = {"acme": cluster.node_counts(capped), "beta": cluster.node_counts(free)}
-        for tenant, by_status in counts.items():
-            in_flight = by_status.get("running", 0) + cluster.unclaimed_sent_of(capped if tenant == "acme" else free)
-            peaks[tenant] = max(peaks[tenant], in_flight)
+        for tenant, job in (("acme", capped), ("beta", free)):
+            peaks[tenant] = max(peaks[tenant], cluster.in_flight_of(job))
         time.sleep(0.02)
     assert 0 < peaks["acme"] <= 3, peaks
     assert peaks["beta"] > 3, peaks  # the other tenant is not held to acme's quota
