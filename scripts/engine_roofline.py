@@ -216,9 +216,7 @@ def main() -> None:
     model = engine.runner.model
     if not hasattr(model, "layers") or not hasattr(model.layers[0], "mlp"):  # type: ignore[index]
         raise SystemExit("this script knows the Llama layout only")
-    weights = product_weights(model)
-    if args.dtype == "bfloat16" and set(frameworks) - {"torch"}:
-        weights = [w.float() for w in weights]  # the other frameworks take float32 weights (jax-bfloat16 rounds them)
+    weights = product_weights(model)  # torch's own dtype; the other frameworks convert them to float32 themselves
     flops = sum(2 * w.shape[0] * w.shape[1] for w in weights)
     print(f"{flops / 1e6:.0f} MFLOP of matrix products per token, {args.threads} threads")
     print(f"{'framework':>13} {'rows':>6} {'step ms':>9} {'ceiling tok/s':>14} {'GFLOP/s':>9}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,6 +33,22 @@ def test_fit_cuts_or_pads_to_the_next_input_width() -> None:
     tinygrad = pytest.importorskip("tinygrad")
     t = tinygrad.Tensor(x.tolist())
     assert engine_roofline._fit(t, 6, None).tolist() == padded.tolist()
+
+
+def test_the_jax_step_chains_the_products_in_order() -> None:
+    """Each product takes the previous output, cut or zero-padded to its input width: the same chain in torch."""
+    pytest.importorskip("jax")
+    weights = _weights()
+    torch.manual_seed(1)  # jax_step draws its input with torch's generator
+    got = torch.from_numpy(np.array(engine_roofline.jax_step(weights, 3, bfloat16=False)()))
+    torch.manual_seed(1)
+    x = torch.randn(3, weights[0].shape[1])
+    for w in weights:
+        have = x.shape[1]
+        x = x[:, : w.shape[1]] if have >= w.shape[1] else torch.nn.functional.pad(x, (0, w.shape[1] - have))
+        x = x @ w.T
+    assert got.shape == (3, 50)
+    assert torch.allclose(got, x, atol=1e-5)
 
 
 def test_an_unknown_framework_is_refused() -> None:
