@@ -1,20 +1,22 @@
-"""The JAX model runner: one scheduler step → one jitted forward over a paged KV cache held in JAX arrays.
+"""The JAX model runner: one scheduler step → a few jitted calls (embeddings, groups of layers, head) over a paged
+KV cache held in JAX arrays.
 
 Per step the scheduled sequences' new tokens are laid end to end (decodes first, then prefill chunks), and the
 index arrays (positions, cache slots, block tables, context lengths) are built with numpy, touching each
-sequence once. The arrays are padded to bucketed shapes (powers of two) so that a new batch size reuses a
-compiled step instead of tracing a new one; ``num_compilations`` counts the traces. Padding rows write one
-scratch slot in an extra block that no sequence owns, and padded table entries point at that block and are
-masked, so padding never reaches a real row.
+sequence once. The arrays are padded to bucketed shapes (powers of two for rows, :mod:`..buckets` for context
+widths) so that a new batch size reuses a compiled step instead of tracing a new one; ``num_compilations`` counts
+the traces. Padding rows write one scratch slot in an extra block that no sequence owns, and padded table entries
+point at that block and are masked, so padding never reaches a real row.
 
-Two step functions:
+Two kinds of step:
 
-* decode-only (every sequence brings one token, the common step): ``[B]`` rows, attention through each
-  sequence's block table, logits for every row;
+* decode-only (every sequence brings one token, the common step): ``[B]`` rows, attention over each sequence's
+  row of the decode mirror (:mod:`.mirror`) or through its block table;
 * mixed: the one-token sequences attend as in a decode, the multi-token chunks as ``[B, Q]`` query blocks
   (causal within the chunk, the prefix from the cache, which is how prefix caching and chunked prefill read
-  earlier tokens), and logits only for the rows that sample.
+  earlier tokens).
 
+Either way the head computes logits only for the (padded) rows that sample, and they reach the sampler uncopied.
 The KV cache buffers are donated to each call, so XLA updates them in place.
 """
 
